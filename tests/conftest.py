@@ -1,0 +1,22 @@
+"""Fixtures shared by the whole suite: the models the tests run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.models import build_tiny_llama
+from turnout.default_model import prepare_default_model
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (converted once per machine, cached on disk)."""
+    return prepare_default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama with the default model's tokenizer and chat template."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model_dir)

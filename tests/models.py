@@ -1,0 +1,44 @@
+"""Test models: a tiny random Llama checkpoint with a real tokenizer, and the default model.
+
+The tiny checkpoint borrows the default model's tokenizer (SmolLM2's, with its
+ChatML template), so chat, special tokens and byte-level BPE behave as in
+production while the network is small enough to run hundreds of tokens per second.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def build_tiny_llama(out: Path, tokenizer_source: Path, *, seed: int = 0, max_positions: int = 4096) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_source / name).is_file():
+            shutil.copy(tokenizer_source / name, out / name)
+    vocab = json.loads((tokenizer_source / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # GQA
+        max_position_embeddings=max_positions,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}))
+    return out

@@ -1,0 +1,113 @@
+"""Errors every service raises, and the one place they become gRPC status codes.
+
+Servicers raise `TurnoutError` subclasses; `StatusInterceptor` turns them into
+the matching status with the message intact. Anything else is a bug: it is
+logged with its traceback and the caller sees INTERNAL with a short message,
+never the traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+log = logging.getLogger(__name__)
+
+
+class TurnoutError(Exception):
+    """An error a caller can act on; `code` is the gRPC status it maps to."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgument(TurnoutError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(TurnoutError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class Unavailable(TurnoutError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(TurnoutError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(TurnoutError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def _abort(context: aio.ServicerContext, exc: BaseException, method: str) -> None:
+    if isinstance(exc, TurnoutError):
+        await context.abort(exc.code, str(exc))
+    if isinstance(exc, aio.AioRpcError):
+        # A downstream service's status passes through unchanged: its message already says what is wrong.
+        await context.abort(exc.code(), exc.details() or exc.code().name)
+    log.exception("unhandled error in %s", method, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
+    async def handler(request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request, context)
+        except aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc, method)
+
+    return handler
+
+
+def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., AsyncIterator[Any]]:
+    async def handler(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in behavior(request, context):
+                yield item
+        except aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc, method)
+
+    return handler
+
+
+class StatusInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    """Maps exceptions raised by any handler to gRPC status codes."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary, method), **kwargs)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary(handler.stream_unary, method), **kwargs)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream, method), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream, method), **kwargs)
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode | None:
+    """The status code carried by an error from a gRPC call, if it is one."""
+    if isinstance(exc, aio.AioRpcError):
+        return exc.code()
+    if isinstance(exc, TurnoutError):
+        return exc.code
+    return None

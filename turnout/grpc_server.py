@@ -1,0 +1,97 @@
+"""Running a Turnout gRPC service: health, reflection, status mapping, graceful shutdown.
+
+Every service builds its servicers and calls `serve()`; this is the only place
+that knows how a server starts and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from turnout.errors import StatusInterceptor
+
+log = logging.getLogger(__name__)
+
+# Messages of a few MB (long prompts as token ids, chat histories) must pass.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One servicer to mount: its full name (for health and reflection) and how to add it."""
+
+    name: str
+    add: Callable[[aio.Server], None]
+
+
+def insecure_channel(address: str) -> aio.Channel:
+    """A client channel with the message limits every Turnout server accepts."""
+    return aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+async def serve(
+    address: str,
+    services: Sequence[ServiceSpec],
+    *,
+    grace_s: float = 5.0,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT, then stop accepting calls and drain for `grace_s`."""
+    server = aio.server(interceptors=[StatusInterceptor()], options=CHANNEL_OPTIONS)
+    for spec in services:
+        spec.add(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [spec.name for spec in services]
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind gRPC server to {address}")
+    await server.start()
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving", extra={"address": address, "services": names})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+    log.info("shutting down", extra={"grace_s": grace_s})
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace_s)
+    if on_stop is not None:
+        await on_stop()
+    log.info("stopped")
+
+
+async def wait_healthy(address: str, timeout_s: float, service: str = "") -> None:
+    """Poll the standard health service at `address` until it reports SERVING."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{address} not healthy after {timeout_s:.0f}s")
+            await asyncio.sleep(0.2)
