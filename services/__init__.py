@@ -1,0 +1,1 @@
+"""Turnout's gRPC services: engine, tokenizer and router."""

@@ -1,0 +1,1 @@
+"""The tokenizer service: encode, chat templates, streaming detokenization, stop strings."""

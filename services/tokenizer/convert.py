@@ -1,0 +1,59 @@
+"""Protobuf -> plain Python for the tokenizer service (chat messages, template options)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from turnout.errors import InvalidArgument
+from turnout.v1 import common_pb2
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def message_to_dict(message: common_pb2.ChatMessage) -> dict[str, Any]:
+    """A ChatMessage as the dict chat templates expect (OpenAI message shape)."""
+    if message.role not in CHAT_ROLES:
+        raise InvalidArgument(f"unknown chat role {message.role!r}; expected one of {', '.join(CHAT_ROLES)}")
+    entry: dict[str, Any] = {"role": message.role}
+    if message.HasField("content"):
+        entry["content"] = message.content
+    elif message.content_parts:
+        for part in message.content_parts:
+            if part.type != "text":
+                raise InvalidArgument(f"content part type {part.type!r} is not supported (only 'text')")
+        # Templates differ in list support; joined text renders the same everywhere.
+        entry["content"] = "\n".join(part.text for part in message.content_parts)
+    else:
+        entry["content"] = ""
+    if message.HasField("name"):
+        entry["name"] = message.name
+    if message.tool_calls:
+        entry["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": call.type or "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.HasField("tool_call_id"):
+        entry["tool_call_id"] = message.tool_call_id
+    if message.HasField("reasoning_content"):
+        entry["reasoning_content"] = message.reasoning_content
+    return entry
+
+
+def template_kwargs(options: common_pb2.ChatTemplateOptions) -> dict[str, Any]:
+    """The keyword arguments of TextTokenizer.render_chat for these options."""
+    return {
+        "add_generation_prompt": options.add_generation_prompt if options.HasField("add_generation_prompt") else True,
+        "continue_final_message": options.continue_final_message,
+        "chat_template": options.chat_template if options.HasField("chat_template") else None,
+        "template_kwargs": MessageToDict(options.chat_template_kwargs)
+        if options.HasField("chat_template_kwargs")
+        else {},
+        "tools": [MessageToDict(tool) for tool in options.tools],
+        "documents": [MessageToDict(doc) for doc in options.documents],
+    }

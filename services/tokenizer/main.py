@@ -1,0 +1,52 @@
+"""`turnout tokenizer`: serve a model's tokenizer over the Tokenizer gRPC service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from services.tokenizer.config import TokenizerConfig
+from turnout.logs import setup_logging
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="turnout tokenizer")
+    parser.description = "Serve a tokenizer: encode, chat templates, streaming detokenization, stop strings."
+    parser.add_argument("--model", type=Path, required=True, help="Hugging Face model (or tokenizer) folder")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50052)
+    parser.add_argument("--chat-template", default=None, help="Jinja chat template (file path or text)")
+    parser.add_argument("--log-level", default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> None:
+    setup_logging("tokenizer", args.log_level)
+    try:
+        config = TokenizerConfig(model=args.model, host=args.host, port=args.port, chat_template=args.chat_template)
+    except ValueError as exc:
+        raise SystemExit(f"turnout tokenizer: {exc}") from None
+    asyncio.run(_serve(config))
+
+
+async def _serve(config: TokenizerConfig) -> None:
+    from services.tokenizer.service import TokenizerServicer
+    from services.tokenizer.text_tokenizer import TextTokenizer
+    from turnout.grpc_server import ServiceSpec, serve
+    from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+
+    servicer = TokenizerServicer(TextTokenizer(config.model, config.chat_template))
+    spec = ServiceSpec(
+        name=tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name,
+        add=lambda server: tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server),
+    )
+    await serve(config.address, [spec])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The Tokenizer gRPC servicer: encode, decode and streaming detokenization."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from grpc import aio
+
+from services.tokenizer.convert import message_to_dict, template_kwargs
+from services.tokenizer.detokenizer import IncrementalDetokenizer
+from services.tokenizer.stop_matcher import StopMatcher
+from services.tokenizer.text_tokenizer import TextTokenizer
+from turnout.errors import FailedPrecondition, InvalidArgument
+from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    async def Encode(
+        self, request: tokenizer_pb2.EncodeRequest, context: aio.ServicerContext
+    ) -> tokenizer_pb2.EncodeResponse:
+        which = request.WhichOneof("input")
+        if which == "text":
+            add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+            text = request.text
+        elif which == "chat":
+            messages = [message_to_dict(m) for m in request.chat.messages]
+            text = self._tokenizer.render_chat(messages, **template_kwargs(request.chat.options))
+            # The template already placed the special tokens it wants.
+            add_special = request.add_special_tokens if request.HasField("add_special_tokens") else False
+        else:
+            raise InvalidArgument("EncodeRequest needs `text` or `chat`")
+        ids = self._tokenizer.encode(text, add_special_tokens=add_special)
+        return tokenizer_pb2.EncodeResponse(input_ids=ids, prompt_text=text)
+
+    async def Decode(
+        self, request: tokenizer_pb2.DecodeRequest, context: aio.ServicerContext
+    ) -> tokenizer_pb2.DecodeResponse:
+        text = self._tokenizer.decode(
+            request.token_ids,
+            skip_special_tokens=_flag(request, "skip_special_tokens", True),
+            spaces_between_special_tokens=_flag(request, "spaces_between_special_tokens", True),
+        )
+        return tokenizer_pb2.DecodeResponse(text=text)
+
+    async def Detokenize(
+        self, requests: AsyncIterator[tokenizer_pb2.DetokenizeRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[tokenizer_pb2.DetokenizeResponse]:
+        first = await anext(aiter(requests), None)
+        if first is None:
+            return
+        if first.WhichOneof("kind") != "start":
+            raise InvalidArgument("the first Detokenize message must be `start`")
+        start = first.start
+        vocab = self._tokenizer.vocab_size
+        detokenizer = IncrementalDetokenizer(
+            self._tokenizer.backend,
+            [t for t in start.prompt_ids if t < vocab],
+            skip_special_tokens=_flag(start, "skip_special_tokens", True),
+            spaces_between_special_tokens=_flag(start, "spaces_between_special_tokens", True),
+        )
+        matcher = StopMatcher(start.stop, keep_stop=start.no_stop_trim)
+        ended = False
+        async for message in requests:
+            if message.WhichOneof("kind") != "tokens":
+                raise InvalidArgument("only `tokens` may follow `start` in a Detokenize stream")
+            if ended:
+                raise FailedPrecondition("the sequence already ended (stop string matched or last chunk sent)")
+            tokens = message.tokens
+            if any(t >= vocab for t in tokens.token_ids):
+                raise InvalidArgument(f"token ids must be below the vocabulary size {vocab}")
+            delta = detokenizer.push(tokens.token_ids)
+            if tokens.last:
+                delta += detokenizer.flush()
+            result = matcher.push(delta)
+            if result.matched is not None:
+                ended = True
+                yield tokenizer_pb2.DetokenizeResponse(text=result.text, matched_stop=result.matched)
+                continue
+            text = result.text
+            if tokens.last:
+                ended = True
+                text += matcher.flush()
+            yield tokenizer_pb2.DetokenizeResponse(text=text)
+
+
+def _flag(message: object, name: str, default: bool) -> bool:
+    return bool(getattr(message, name)) if message.HasField(name) else default  # type: ignore[attr-defined]
