@@ -1,0 +1,77 @@
+"""`turnout engine`: serve a model over the Engine gRPC service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from services.engine.config import EngineConfig
+from turnout.logs import setup_logging
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="turnout engine")
+    parser.description = "Serve a model over the Engine gRPC service (token ids in, token ids out)."
+    parser.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
+    parser.add_argument("--served-model-name", default=None, help="name clients use (default: the folder's name)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, ...")
+    parser.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+    parser.add_argument("--max-waiting-requests", type=int, default=256)
+    parser.add_argument("--log-level", default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    setup_logging("engine", args.log_level)
+    try:
+        config = EngineConfig(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            host=args.host,
+            port=args.port,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_waiting_requests=args.max_waiting_requests,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"turnout engine: {exc}") from None
+    asyncio.run(_serve(config))
+
+
+async def _serve(config: EngineConfig) -> None:
+    # Heavy imports (torch, transformers) only once we really serve, so --help is instant.
+    from services.engine.model_loader import load_model
+    from services.engine.sequential_engine import SequentialEngine
+    from services.engine.service import EngineServicer
+    from turnout.grpc_server import ServiceSpec, serve
+    from turnout.v1 import engine_pb2, engine_pb2_grpc
+
+    try:
+        loaded = load_model(config)
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
+    engine = SequentialEngine(loaded, config.max_waiting_requests)
+    servicer = EngineServicer(loaded, engine)
+    spec = ServiceSpec(
+        name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
+        add=lambda server: engine_pb2_grpc.add_EngineServicer_to_server(servicer, server),
+    )
+
+    async def stop_engine() -> None:
+        await asyncio.to_thread(engine.shutdown)
+
+    await serve(config.address, [spec], on_stop=stop_engine)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Loading a Hugging Face model folder and the facts the engine serves about it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from services.engine.config import EngineConfig
+from turnout.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# generation_config.json keys that become sampling defaults, and their SamplingParams names.
+_GENERATION_DEFAULTS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_new_tokens",
+}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module
+    device: torch.device
+    info: common_pb2.ModelInfo
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.info.eos_token_ids)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.dtype, device)
+    hf_config = AutoConfig.from_pretrained(config.model)
+    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
+    torch.nn.Module.to(model, device)  # transformers' own `to` stub confuses mypy
+    model.eval()
+    context = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
+    if config.max_model_len is not None:
+        if config.max_model_len > context:
+            raise ValueError(f"--max-model-len {config.max_model_len} exceeds the model's context of {context}")
+        context = config.max_model_len
+    generation = _read_generation_config(config.model)
+    eos = _eos_ids(hf_config.eos_token_id, generation.get("eos_token_id"))
+    info = common_pb2.ModelInfo(
+        name=config.model_name,
+        path=str(config.model),
+        max_context_length=context,
+        vocab_size=int(hf_config.vocab_size),
+        eos_token_ids=sorted(eos),
+        generation_defaults=_generation_defaults(generation),
+        architecture=(hf_config.architectures or [type(model).__name__])[0],
+        dtype=str(dtype).removeprefix("torch."),
+    )
+    log.info("model loaded", extra={"model": info.name, "device": str(device), "dtype": info.dtype})
+    return LoadedModel(model=model, device=device, info=info)
+
+
+def _read_generation_config(folder: Path) -> dict[str, object]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def _eos_ids(*values: object) -> set[int]:
+    ids: set[int] = set()
+    for value in values:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+def _generation_defaults(generation: dict[str, object]) -> common_pb2.SamplingParams:
+    # Like vLLM, only the sampling values themselves count; `do_sample` is not read.
+    defaults = common_pb2.SamplingParams()
+    for key, field in _GENERATION_DEFAULTS.items():
+        value = generation.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(defaults, field, type(getattr(defaults, field))(value))
+    return defaults

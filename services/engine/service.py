@@ -1,0 +1,44 @@
+"""The Engine gRPC servicer: converts protobuf and delegates to the engine core."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from grpc import aio
+
+from services.engine.convert import load_to_proto, output_to_proto, request_from_proto
+from services.engine.model_loader import LoadedModel
+from services.engine.sequential_engine import SequentialEngine
+from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    def __init__(self, loaded: LoadedModel, engine: SequentialEngine) -> None:
+        self._loaded = loaded
+        self._engine = engine
+
+    async def Generate(
+        self, request: engine_pb2.EngineGenerateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+        engine_request = request_from_proto(request, self._loaded)
+        log.info(
+            "generate",
+            extra={"request_id": request.request_id, "prompt_tokens": len(request.input_ids)},
+        )
+        # A cancelled call cancels this generator; closing engine.generate() aborts the request.
+        async for output in self._engine.generate(engine_request):
+            yield output_to_proto(output)
+
+    async def Abort(self, request: engine_pb2.AbortRequest, context: aio.ServicerContext) -> engine_pb2.AbortResponse:
+        return engine_pb2.AbortResponse(aborted=self._engine.abort(request.request_id))
+
+    async def GetModelInfo(
+        self, request: engine_pb2.GetModelInfoRequest, context: aio.ServicerContext
+    ) -> common_pb2.ModelInfo:
+        return self._loaded.info
+
+    async def GetLoad(self, request: engine_pb2.GetLoadRequest, context: aio.ServicerContext) -> engine_pb2.Load:
+        return load_to_proto(self._engine.load())

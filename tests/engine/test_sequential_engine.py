@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from services.engine.config import EngineConfig
+from services.engine.model_loader import LoadedModel, load_model
+from services.engine.request import EngineOutput, EngineRequest
+from services.engine.sampling import resolve
+from services.engine.sequential_engine import SequentialEngine
+from turnout.v1 import common_pb2
+
+PROMPT = (1, 504, 3575, 282, 4649, 314)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path) -> LoadedModel:
+    return load_model(EngineConfig(model=tiny_model_dir))
+
+
+@pytest.fixture
+def engine(loaded: LoadedModel) -> Iterator[SequentialEngine]:
+    engine = SequentialEngine(loaded)
+    yield engine
+    engine.shutdown()
+
+
+def make_request(
+    loaded: LoadedModel, rid: str = "r", prompt: tuple[int, ...] = PROMPT, **params: object
+) -> EngineRequest:
+    sampling = resolve(
+        common_pb2.SamplingParams(**params),  # type: ignore[arg-type]
+        loaded.info.generation_defaults,
+        prompt_len=len(prompt),
+        max_model_len=loaded.max_model_len,
+    )
+    return EngineRequest(rid, prompt, sampling)
+
+
+async def collect(outputs: AsyncIterator[EngineOutput]) -> tuple[list[int], EngineOutput]:
+    tokens: list[int] = []
+    last = None
+    async for out in outputs:
+        tokens += out.token_ids
+        last = out
+    assert last is not None and last.finished
+    return tokens, last
+
+
+async def test_greedy_output_equals_transformers(
+    engine: SequentialEngine, loaded: LoadedModel, tiny_model_dir: Path
+) -> None:
+    tokens, last = await collect(
+        engine.generate(make_request(loaded, temperature=0.0, max_new_tokens=24, ignore_eos=True))
+    )
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    expected = reference.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False, eos_token_id=None)
+    assert tokens == expected[0, len(PROMPT) :].tolist()
+    assert last.finish is not None and last.finish.kind == "length"
+    assert (last.prompt_tokens, last.completion_tokens) == (len(PROMPT), 24)
+
+
+async def test_stop_token_id_ends_with_a_match(engine: SequentialEngine, loaded: LoadedModel) -> None:
+    greedy, _ = await collect(
+        engine.generate(make_request(loaded, "a", temperature=0.0, max_new_tokens=8, ignore_eos=True))
+    )
+    stop_at = greedy[3]
+    tokens, last = await collect(
+        engine.generate(
+            make_request(loaded, "b", temperature=0.0, max_new_tokens=8, stop_token_ids=[stop_at], ignore_eos=True)
+        )
+    )
+    assert tokens == greedy[: greedy.index(stop_at) + 1]
+    assert last.finish is not None and (last.finish.kind, last.finish.matched_token_id) == ("stop", stop_at)
+
+
+async def test_min_new_tokens_suppresses_stop_tokens(engine: SequentialEngine, loaded: LoadedModel) -> None:
+    greedy, _ = await collect(
+        engine.generate(make_request(loaded, "a", temperature=0.0, max_new_tokens=6, ignore_eos=True))
+    )
+    first = greedy[0]
+    tokens, _ = await collect(
+        engine.generate(
+            make_request(
+                loaded,
+                "b",
+                temperature=0.0,
+                max_new_tokens=6,
+                min_new_tokens=4,
+                stop_token_ids=[first],
+                ignore_eos=True,
+            )
+        )
+    )
+    assert first not in tokens[:4]
+    assert len(tokens) >= 4
+
+
+async def test_same_seed_same_sample(engine: SequentialEngine, loaded: LoadedModel) -> None:
+    runs = []
+    for rid in ("a", "b", "c"):
+        seed = 11 if rid != "c" else 12
+        tokens, _ = await collect(
+            engine.generate(make_request(loaded, rid, temperature=1.0, seed=seed, max_new_tokens=16, ignore_eos=True))
+        )
+        runs.append(tokens)
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+async def test_leaving_the_stream_aborts_and_frees_the_engine(engine: SequentialEngine, loaded: LoadedModel) -> None:
+    stream = engine.generate(make_request(loaded, temperature=1.0, max_new_tokens=3000, ignore_eos=True))
+    for _ in range(3):
+        await anext(stream)
+    assert engine.load().running == 1
+    await stream.aclose()
+    for _ in range(100):
+        if engine.load().running == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.load().running == 0 and engine.load().waiting == 0
+    # The engine takes new work afterwards.
+    tokens, _ = await collect(engine.generate(make_request(loaded, "next", temperature=0.0, max_new_tokens=2)))
+    assert len(tokens) <= 2
+
+
+async def test_requests_queue_in_order(engine: SequentialEngine, loaded: LoadedModel) -> None:
+    results = await asyncio.gather(
+        *(
+            collect(engine.generate(make_request(loaded, f"q{i}", temperature=0.0, max_new_tokens=5, ignore_eos=True)))
+            for i in range(3)
+        )
+    )
+    assert len({tuple(tokens) for tokens, _ in results}) == 1  # same prompt, greedy: same output for all
+
+
+def test_model_info_reads_the_folder(loaded: LoadedModel, tiny_model_dir: Path) -> None:
+    info = loaded.info
+    assert info.name == tiny_model_dir.name
+    assert list(info.eos_token_ids) == [2]
+    assert info.max_context_length == 4096 and info.vocab_size == 49152
+    assert info.architecture == "LlamaForCausalLM" and info.dtype == "float32"
