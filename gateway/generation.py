@@ -1,0 +1,208 @@
+"""The router `Generate` calls behind one HTTP request, read as one stream of sample events.
+
+A request with a batch of prompts makes one call per prompt; a call streams
+the samples of its prompt (`n` of them). Samples get one index across the
+whole request, prompt-major: `offset(prompt) + sample`, which is the order of
+OpenAI `choices` and of SGLang batch outputs.
+
+Cancellation is the point of this module: whoever stops reading (a client
+that went away, an error) leaves through a `finally` that cancels every call,
+so the router and engines stop generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from grpc import aio
+from starlette.requests import Request
+
+from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
+from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+T = TypeVar("T")
+
+# Responses buffered per request before the readers wait for the HTTP side
+# (backpressure all the way to the engine instead of unbounded memory).
+_QUEUE_SIZE = 64
+
+
+@dataclass
+class Sample:
+    """What one sample has produced so far; the counts are cumulative."""
+
+    index: int
+    prompt: int
+    # Index among the samples of its prompt (the router's GenerateChunk.index).
+    local_index: int
+    started: float
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: common_pb2.FinishReason | None = None
+    finished: float | None = None
+
+    @property
+    def latency_s(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+@dataclass(frozen=True)
+class Event:
+    """New output of one sample: a text delta with its token ids, or its end."""
+
+    sample: Sample
+    text: str
+    token_ids: Sequence[int]
+    done: bool
+
+
+class Generation:
+    """Calls already started, each with its first response read (see `start`)."""
+
+    def __init__(self, calls: list[Any], firsts: list[Any], samples_per_prompt: list[int], started: float) -> None:
+        self._calls = calls
+        self._firsts = firsts
+        self._offsets = [sum(samples_per_prompt[:p]) for p in range(len(samples_per_prompt))]
+        self._counts = samples_per_prompt
+        self.samples = [
+            Sample(index=offset + i, prompt=p, local_index=i, started=started)
+            for p, (offset, count) in enumerate(zip(self._offsets, samples_per_prompt, strict=True))
+            for i in range(count)
+        ]
+        self._closing = False
+
+    @classmethod
+    async def start(
+        cls,
+        stub: inference_pb2_grpc.InferenceStub,
+        requests: Sequence[inference_pb2.GenerateRequest],
+        timeout_s: float | None,
+    ) -> Generation:
+        """Start one call per request and wait for each one's first response.
+
+        Waiting for the first response lets an error the router reports up
+        front (unknown model, bad parameter, overload) become the HTTP status,
+        before a streaming response has committed to 200.
+        """
+        started = time.monotonic()
+        calls = [stub.Generate(request, timeout=timeout_s) for request in requests]
+        try:
+            firsts = await asyncio.gather(*(call.read() for call in calls))
+        except BaseException:
+            for call in calls:
+                call.cancel()
+            raise
+        counts = [r.sampling_params.n if r.sampling_params.HasField("n") else 1 for r in requests]
+        return cls(calls, list(firsts), counts, started)
+
+    def cancel(self) -> None:
+        self._closing = True
+        for call in self._calls:
+            call.cancel()
+
+    async def events(self) -> AsyncGenerator[Event, None]:
+        """Every sample's output in arrival order; raises on a failed call or an aborted sample."""
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(_QUEUE_SIZE)
+        readers = [asyncio.create_task(self._read(p, queue)) for p in range(len(self._calls))]
+        open_calls = len(readers)
+        try:
+            while open_calls:
+                prompt, item = await queue.get()
+                if item is None:
+                    open_calls -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield self._apply(prompt, item)
+            unfinished = [s.index for s in self.samples if s.finish_reason is None]
+            if unfinished:
+                raise HTTPError(502, f"the router ended the stream before samples {unfinished} finished")
+        finally:
+            for reader in readers:
+                reader.cancel()
+            self.cancel()
+
+    async def collect(self) -> list[Sample]:
+        """Read to the end; the finished samples in index order."""
+        async for _ in self.events():
+            pass
+        return self.samples
+
+    async def _read(self, prompt: int, queue: asyncio.Queue[tuple[int, Any]]) -> None:
+        call = self._calls[prompt]
+        try:
+            response = self._firsts[prompt]
+            while response is not aio.EOF:
+                await queue.put((prompt, response))
+                response = await call.read()
+            await queue.put((prompt, None))
+        except asyncio.CancelledError:
+            if not self._closing:
+                # The call was cancelled under us (channel closing), not by our own exit.
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait((prompt, HTTPError(503, "the call to the router was cancelled")))
+            raise
+        except Exception as exc:
+            await queue.put((prompt, exc))
+
+    def _apply(self, prompt: int, response: inference_pb2.GenerateResponse) -> Event:
+        kind = response.WhichOneof("kind")
+        part = response.chunk if kind == "chunk" else response.complete
+        if part.index >= self._counts[prompt]:
+            raise HTTPError(
+                502, f"the router sent sample {part.index} of prompt {prompt}, which has only {self._counts[prompt]}"
+            )
+        sample = self.samples[self._offsets[prompt] + part.index]
+        if sample.finish_reason is not None:
+            raise HTTPError(502, f"the router sent output for sample {sample.index} after it finished")
+        if kind == "chunk":
+            chunk = response.chunk
+            sample.text += chunk.text
+            sample.token_ids.extend(chunk.token_ids)
+            sample.prompt_tokens = chunk.prompt_tokens
+            sample.completion_tokens = chunk.completion_tokens
+            sample.cached_tokens = chunk.cached_tokens
+            return Event(sample, chunk.text, chunk.token_ids, done=False)
+        complete = response.complete
+        if complete.finish_reason.WhichOneof("kind") == "abort":
+            raise GenerationAborted(complete.finish_reason.abort.message)
+        if complete.HasField("usage"):
+            sample.prompt_tokens = complete.usage.prompt_tokens
+            sample.completion_tokens = complete.usage.completion_tokens
+            sample.cached_tokens = complete.usage.cached_tokens
+        sample.finish_reason = complete.finish_reason
+        sample.finished = time.monotonic()
+        return Event(sample, "", (), done=True)
+
+
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run `work`, cancelling it (and so its gRPC calls) if the client disconnects first.
+
+    The body has been read by now, so the next ASGI message the server has for
+    us is `http.disconnect`: waiting on it is a notification, not polling.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        watcher.cancel()
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

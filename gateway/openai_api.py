@@ -1,0 +1,90 @@
+"""OpenAI-compatible routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway import convert, sse
+from gateway.errors import HTTPError
+from gateway.generation import Generation, Sample, unless_disconnected
+from gateway.openai_format import Head, chat_body, chat_chunks, completion_body, completion_chunks
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from gateway.router_client import router_of
+from turnout.v1 import common_pb2, inference_pb2
+
+router = APIRouter()
+
+BodyBuilder = Callable[[Head, Sequence[Sample]], dict[str, Any]]
+ChunkStream = Callable[[Head, Generation, bool], AsyncGenerator[dict[str, Any], None]]
+
+
+def _model_card(info: common_pb2.ModelInfo, created: int) -> dict[str, Any]:
+    return {
+        "id": info.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "turnout",
+        "root": info.path,
+        "parent": None,
+        "max_model_len": info.max_context_length,
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    models = await router_of(request).list_models()
+    created = request.app.state.created
+    return {"object": "list", "data": [_model_card(m, created) for m in models]}
+
+
+# `:path` because served names often contain a slash (org/model).
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    for info in await router_of(request).list_models():
+        if info.name == model_id:
+            return _model_card(info, request.app.state.created)
+    raise HTTPError(404, f"model '{model_id}' does not exist", param="model")
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    response_id = f"cmpl-{body.request_id or uuid.uuid4().hex}"
+    messages = convert.completion_requests(body, response_id)
+    return await _respond(request, body, response_id, messages, completion_body, completion_chunks)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    response_id = f"chatcmpl-{body.request_id or uuid.uuid4().hex}"
+    message = convert.chat_request(body, response_id)
+    return await _respond(request, body, response_id, [message], chat_body, chat_chunks)
+
+
+async def _respond(
+    request: Request,
+    body: OpenAIRequest,
+    response_id: str,
+    messages: Sequence[inference_pb2.GenerateRequest],
+    build_body: BodyBuilder,
+    stream_chunks: ChunkStream,
+) -> Response:
+    client = router_of(request)
+
+    async def begin() -> tuple[str, Generation]:
+        model = await client.model_name(body.model)
+        return model, await client.generate(messages)
+
+    model, generation = await unless_disconnected(request, begin())
+    head = Head(id=response_id, created=int(time.time()), model=model)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        chunks = stream_chunks(head, generation, include_usage)
+        return sse.SSEResponse(sse.frames(chunks), on_close=generation.cancel)
+    samples = await unless_disconnected(request, generation.collect())
+    return JSONResponse(build_body(head, samples))

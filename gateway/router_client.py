@@ -1,0 +1,42 @@
+"""The gateway's client of the router's public `turnout.v1.Inference` service."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from gateway.generation import Generation
+from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+
+@dataclass(frozen=True)
+class RouterClient:
+    """One stub on the app's channel, and the deadline every call gets."""
+
+    stub: inference_pb2_grpc.InferenceStub
+    timeout_s: float | None
+
+    async def generate(self, requests: Sequence[inference_pb2.GenerateRequest]) -> Generation:
+        return await Generation.start(self.stub, requests, self.timeout_s)
+
+    async def list_models(self, timeout_s: float | None = None) -> list[common_pb2.ModelInfo]:
+        reply = await self.stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout_s or self.timeout_s)
+        return list(reply.models)
+
+    async def model_info(self, model: str = "") -> common_pb2.ModelInfo:
+        """The named model, or the default one for an empty name; NOT_FOUND when unknown."""
+        return await self.stub.GetModelInfo(inference_pb2.ModelInfoRequest(model=model), timeout=self.timeout_s)
+
+    async def model_name(self, requested: str | None) -> str:
+        """The name to report in responses: the one asked for, else the default model's."""
+        if requested:
+            return requested
+        return (await self.model_info("")).name
+
+
+def router_of(request: Request) -> RouterClient:
+    """The client `create_app` put on the app state."""
+    client: RouterClient = request.app.state.router
+    return client

@@ -1,0 +1,63 @@
+"""Server-sent events: `data: {json}\\n\\n` frames, a final `data: [DONE]`, errors as events.
+
+Once a stream has started the status is 200 for good, so an error after that
+becomes a `data: {"error": {...}}` event followed by `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import to_http_error
+
+DONE = b"data: [DONE]\n\n"
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def frames(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[bytes, None]:
+    """Encode `events`, turning an error into an error event; always ends with [DONE]."""
+    async with contextlib.aclosing(events):
+        try:
+            async for event in events:
+                yield encode(event)
+        except Exception as exc:
+            yield encode(to_http_error(exc).body())
+    yield DONE
+
+
+class SSEResponse(StreamingResponse):
+    """A streaming response that always closes its source and calls `on_close`.
+
+    Starlette cancels the sending task when the client disconnects; that task
+    may be waiting in `send` rather than in the generator, in which case the
+    generator would only be closed by the garbage collector. Closing it here
+    and calling `on_close` (which cancels the gRPC calls) makes the stop
+    immediate, and also covers a generator that never started.
+    """
+
+    def __init__(self, content: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._source = content
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._source.aclose()
+            finally:
+                self._on_close()

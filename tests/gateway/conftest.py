@@ -1,0 +1,159 @@
+"""A fake router (a real grpc.aio server on loopback) and clients of the gateway in front of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+import uvicorn
+from grpc import aio
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+Script = Callable[[inference_pb2.GenerateRequest, aio.ServicerContext], AsyncIterator[inference_pb2.GenerateResponse]]
+
+
+def chunk(index: int = 0, text: str = "", token_ids: tuple[int, ...] = (), completion: int = 0, **counts: int) -> Any:
+    return inference_pb2.GenerateResponse(
+        chunk=inference_pb2.GenerateChunk(
+            index=index,
+            text=text,
+            token_ids=token_ids,
+            prompt_tokens=counts.get("prompt", 5),
+            completion_tokens=completion,
+            cached_tokens=counts.get("cached", 1),
+        )
+    )
+
+
+def complete(index: int = 0, *, prompt: int = 5, completion: int = 3, cached: int = 1, **reason: Any) -> Any:
+    """A Complete message; `reason` is one of token_id=, stop_str=, regex=, length=, abort=, or nothing (stop)."""
+    if "length" in reason:
+        finish = common_pb2.FinishReason(length=common_pb2.FinishReason.Length(length=reason["length"]))
+    elif "abort" in reason:
+        finish = common_pb2.FinishReason(abort=common_pb2.FinishReason.Abort(message=reason["abort"]))
+    else:
+        finish = common_pb2.FinishReason(stop=common_pb2.FinishReason.Stop(**reason))
+    return inference_pb2.GenerateResponse(
+        complete=inference_pb2.GenerateComplete(
+            index=index,
+            finish_reason=finish,
+            usage=common_pb2.Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached),
+        )
+    )
+
+
+async def default_script(
+    request: inference_pb2.GenerateRequest, context: aio.ServicerContext
+) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    """Every sample says "Hello world" in 3 tokens (the held-back empty chunk is deliberate) and stops on token 2."""
+    n = request.sampling_params.n if request.sampling_params.HasField("n") else 1
+    for i in range(n):
+        yield chunk(i, "Hello", (11, 12), completion=2)
+        yield chunk(i, "", (13,), completion=3)
+        yield chunk(i, " world", (), completion=3)
+    for i in range(n):
+        yield complete(i, token_id=2)
+
+
+class FakeRouter(inference_pb2_grpc.InferenceServicer):
+    """Scripted `Inference` service that records what the gateway sent and whether it cancelled."""
+
+    def __init__(self) -> None:
+        self.address = ""
+        self.requests: list[inference_pb2.GenerateRequest] = []
+        self.model_requests: list[str] = []
+        self.models = [common_pb2.ModelInfo(name="tiny", path="/models/tiny", max_context_length=2048)]
+        self.script: Script = default_script
+        self.list_error: grpc.StatusCode | None = None
+        self.cancelled = asyncio.Event()
+
+    async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        self.requests.append(request)
+        if request.model and request.model not in {m.name for m in self.models}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
+        try:
+            async for response in self.script(request, context):
+                yield response
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def ListModels(self, request: Any, context: Any) -> Any:
+        if self.list_error is not None:
+            await context.abort(self.list_error, "router is down")
+        return inference_pb2.ListModelsResponse(models=self.models)
+
+    async def GetModelInfo(self, request: Any, context: Any) -> Any:
+        self.model_requests.append(request.model)
+        for model in self.models:
+            if model.name == request.model or not request.model:
+                return model
+        await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
+
+
+@pytest.fixture
+async def fake_router() -> AsyncIterator[FakeRouter]:
+    server = aio.server()
+    fake = FakeRouter()
+    inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fake.address = f"127.0.0.1:{port}"
+    yield fake
+    await server.stop(0)
+
+
+async def _asgi_client(config: GatewayConfig) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(config)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            yield client
+
+
+@pytest.fixture
+async def client(fake_router: FakeRouter) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway app driven in-process (no sockets for HTTP)."""
+    async for c in _asgi_client(GatewayConfig(router_address=fake_router.address)):
+        yield c
+
+
+@pytest.fixture
+def make_client() -> Callable[[GatewayConfig], AsyncIterator[httpx.AsyncClient]]:
+    """For tests that need their own config: `async for c in make_client(config)`."""
+    return _asgi_client
+
+
+@pytest.fixture
+async def live_gateway(fake_router: FakeRouter) -> AsyncIterator[str]:
+    """The gateway behind real uvicorn on a free port, for tests that need a real disconnect."""
+    app = create_app(GatewayConfig(router_address=fake_router.address))
+    # A bounded graceful shutdown: a gateway that fails to end a request must fail the test, not hang it.
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task
+
+
+def sse_events(body: str) -> list[Any]:
+    """Parse an SSE body, checking the framing: only `data:` frames, [DONE] last and only there."""
+    assert body.endswith("\n\n"), body[-50:]
+    frames = body.split("\n\n")[:-1]
+    assert all(f.startswith("data: ") and "\n" not in f for f in frames), frames
+    payloads = [f[len("data: ") :] for f in frames]
+    assert payloads[-1] == "[DONE]"
+    assert "[DONE]" not in payloads[:-1]
+    return [json.loads(p) for p in payloads[:-1]]

@@ -1,0 +1,191 @@
+"""`/v1/completions` and `/v1/models` against the fake router."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.gateway.conftest import FakeRouter, complete, sse_events
+
+SAMPLING_FIELDS = [
+    "max_new_tokens",
+    "min_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "n",
+    "seed",
+]
+
+
+async def test_models_list_shape(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    response = await client.get("/v1/models")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list"
+    [card] = body["data"]
+    assert card["id"] == "tiny"
+    assert card["object"] == "model"
+    assert card["owned_by"] == "turnout"
+    assert card["max_model_len"] == 2048
+    assert isinstance(card["created"], int)
+
+
+async def test_model_by_id_with_slash_and_unknown(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    fake_router.models[0].name = "org/tiny"
+    found = await client.get("/v1/models/org/tiny")
+    assert found.status_code == 200
+    assert found.json()["id"] == "org/tiny"
+    missing = await client.get("/v1/models/nope")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == 404
+    assert missing.json()["error"]["type"] == "not_found_error"
+
+
+async def test_completion_shape_and_defaults(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    response = await client.post("/v1/completions", json={"model": "tiny", "prompt": "Say hi"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"].startswith("cmpl-")
+    assert body["object"] == "text_completion"
+    assert body["model"] == "tiny"
+    assert isinstance(body["created"], int)
+    assert "system_fingerprint" in body
+    assert body["choices"] == [
+        {"index": 0, "text": "Hello world", "logprobs": None, "finish_reason": "stop", "stop_reason": 2}
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
+    [sent] = fake_router.requests
+    assert sent.text == "Say hi"
+    assert sent.model == "tiny"
+    assert sent.request_id == body["id"]
+    # OpenAI's default for completions, and nothing else set.
+    assert sent.sampling_params.max_new_tokens == 16
+    unset = [f for f in SAMPLING_FIELDS if f != "max_new_tokens" and sent.sampling_params.HasField(f)]
+    assert unset == []
+    assert not sent.sampling_params.stop and not sent.sampling_params.logit_bias
+    assert not sent.HasField("add_special_tokens") and not sent.HasField("priority")
+
+
+async def test_explicit_null_max_tokens_leaves_it_unset(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    response = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": None})
+    assert response.status_code == 200
+    assert not fake_router.requests[0].sampling_params.HasField("max_new_tokens")
+
+
+async def test_missing_model_uses_default_name(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    response = await client.post("/v1/completions", json={"prompt": "x"})
+    assert response.json()["model"] == "tiny"
+    assert fake_router.requests[0].model == ""
+    assert fake_router.model_requests == [""]
+
+
+async def test_sampling_parameters_are_mapped(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    payload = {
+        "prompt": "x",
+        "max_tokens": 7,
+        "min_tokens": 2,
+        "temperature": 0,
+        "top_p": 0.5,
+        "top_k": -1,
+        "min_p": 0.1,
+        "frequency_penalty": 0.5,
+        "presence_penalty": -0.5,
+        "repetition_penalty": 1.2,
+        "stop": "END",
+        "stop_token_ids": [7, 9],
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "n": 1,
+        "seed": -3,
+        "logit_bias": {"50256": -100, "7": 2.5},
+        "add_special_tokens": False,
+        "priority": 4,
+        "user": "someone",
+        "metadata": {"k": "v"},
+    }
+    assert (await client.post("/v1/completions", json=payload)).status_code == 200
+    [sent] = fake_router.requests
+    sp = sent.sampling_params
+    assert (sp.max_new_tokens, sp.min_new_tokens, sp.temperature, sp.top_k, sp.n, sp.seed) == (7, 2, 0.0, -1, 1, -3)
+    assert sp.top_p == 0.5 and abs(sp.min_p - 0.1) < 1e-6 and abs(sp.repetition_penalty - 1.2) < 1e-6
+    assert (sp.frequency_penalty, sp.presence_penalty) == (0.5, -0.5)
+    assert list(sp.stop) == ["END"] and list(sp.stop_token_ids) == [7, 9]
+    assert sp.ignore_eos and sp.no_stop_trim
+    assert sp.HasField("skip_special_tokens") and not sp.skip_special_tokens
+    assert sp.HasField("spaces_between_special_tokens") and not sp.spaces_between_special_tokens
+    assert dict(sp.logit_bias) == {50256: -100.0, 7: 2.5}
+    assert sent.HasField("add_special_tokens") and not sent.add_special_tokens
+    assert sent.priority == 4
+
+
+async def test_batch_prompts_with_n(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    response = await client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2})
+    assert response.status_code == 200
+    body = response.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert sorted(r.text for r in fake_router.requests) == ["a", "b"]
+    assert len({r.request_id for r in fake_router.requests}) == 2
+    # Two prompts of 5 tokens (each counted once), four samples of 3 tokens.
+    assert body["usage"]["prompt_tokens"] == 10
+    assert body["usage"]["completion_tokens"] == 12
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+
+
+async def test_token_id_prompts(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    assert (await client.post("/v1/completions", json={"prompt": [1, 2, 3]})).status_code == 200
+    assert list(fake_router.requests[0].input_ids.ids) == [1, 2, 3]
+    response = await client.post("/v1/completions", json={"prompt": [[4], [5, 6]]})
+    assert len(response.json()["choices"]) == 2
+    assert sorted(list(r.input_ids.ids) for r in fake_router.requests[1:]) == [[4], [5, 6]]
+
+
+async def test_length_finish_reason(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    async def script(request, context):  # type: ignore[no-untyped-def]
+        yield complete(0, length=16)
+
+    fake_router.script = script
+    body = (await client.post("/v1/completions", json={"prompt": "x"})).json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["stop_reason"] is None
+
+
+async def test_stream_framing_single_finish_and_usage(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    payload = {"prompt": "x", "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    response = await client.post("/v1/completions", json=payload)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    *chunks, last = events
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+    for event in chunks:
+        assert event["object"] == "text_completion"
+        assert event["usage"] is None
+        assert len(event["choices"]) == 1
+    for index in (0, 1):
+        mine = [e["choices"][0] for e in chunks if e["choices"][0]["index"] == index]
+        assert "".join(c["text"] for c in mine) == "Hello world"
+        assert [c["finish_reason"] for c in mine if c["finish_reason"] is not None] == ["stop"]
+        # The held-back empty text chunk is not sent.
+        assert all(c["text"] or c["finish_reason"] for c in mine)
+
+
+async def test_stream_without_usage_has_no_usage_field(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    response = await client.post("/v1/completions", json={"prompt": "x", "stream": True})
+    events = sse_events(response.text)
+    assert all("usage" not in e for e in events)
+    assert all(e["choices"] for e in events)

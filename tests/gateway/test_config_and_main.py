@@ -1,0 +1,54 @@
+"""GatewayConfig validation and the `turnout gateway` command line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gateway.config import GatewayConfig
+from gateway.main import parse_args
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"router_address": ""},
+        {"router_address": "r:1", "port": 70000},
+        {"router_address": "r:1", "port": -1},
+        {"router_address": "r:1", "host": " "},
+        {"router_address": "r:1", "request_timeout_s": 0},
+        {"router_address": "r:1", "request_timeout_s": float("inf")},
+    ],
+)
+def test_config_rejects_bad_values(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        GatewayConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_config_defaults_and_frozen() -> None:
+    config = GatewayConfig(router_address="127.0.0.1:50051")
+    assert (config.host, config.port, config.request_timeout_s) == ("127.0.0.1", 8000, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.port = 1  # type: ignore[misc]
+
+
+def test_cli_flags() -> None:
+    args = parse_args(["--router", "r:1"])
+    assert (args.router, args.host, args.port, args.request_timeout, args.log_level) == (
+        "r:1",
+        "127.0.0.1",
+        8000,
+        None,
+        None,
+    )
+    args = parse_args(
+        ["--router", "r:1", "--host", "0.0.0.0", "--port", "9", "--request-timeout", "2.5", "--log-level", "debug"]
+    )
+    assert (args.host, args.port, args.request_timeout, args.log_level) == ("0.0.0.0", 9, 2.5, "DEBUG")
+
+
+def test_cli_requires_router(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "--router" in capsys.readouterr().err
