@@ -1,0 +1,1 @@
+"""The router: the public Inference gRPC service in front of engines and tokenizers."""

@@ -1,0 +1,63 @@
+"""The Inference gRPC servicer (the public front door): converts and delegates."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from grpc import aio
+
+from services.router.engine_pool import EnginePool
+from services.router.generation import generate
+from services.router.tokenizer_pool import TokenizerPool
+from turnout.errors import InvalidArgument
+from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, tokenizer_pb2
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, engines: EnginePool, tokenizers: TokenizerPool) -> None:
+        self._engines = engines
+        self._tokenizers = tokenizers
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        async for response in generate(request, self._engines, self._tokenizers):
+            yield response
+
+    async def Tokenize(
+        self, request: inference_pb2.TokenizeRequest, context: aio.ServicerContext
+    ) -> inference_pb2.TokenizeResponse:
+        model = self._engines.model_info(request.model)
+        which = request.WhichOneof("input")
+        if which == "text":
+            encode = tokenizer_pb2.EncodeRequest(text=request.text)
+        elif which == "chat":
+            encode = tokenizer_pb2.EncodeRequest(chat=request.chat)
+        else:
+            raise InvalidArgument("a tokenize request needs `text` or `chat`")
+        if request.HasField("add_special_tokens"):
+            encode.add_special_tokens = request.add_special_tokens
+        reply = await self._tokenizers.pick().Encode(encode)
+        return inference_pb2.TokenizeResponse(
+            input_ids=reply.input_ids, prompt_text=reply.prompt_text, max_model_len=model.max_context_length
+        )
+
+    async def Detokenize(
+        self, request: inference_pb2.DetokenizeTextRequest, context: aio.ServicerContext
+    ) -> inference_pb2.DetokenizeTextResponse:
+        self._engines.model_info(request.model)
+        decode = tokenizer_pb2.DecodeRequest(token_ids=request.token_ids)
+        if request.HasField("skip_special_tokens"):
+            decode.skip_special_tokens = request.skip_special_tokens
+        reply = await self._tokenizers.pick().Decode(decode)
+        return inference_pb2.DetokenizeTextResponse(text=reply.text)
+
+    async def ListModels(
+        self, request: inference_pb2.ListModelsRequest, context: aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
+        return inference_pb2.ListModelsResponse(models=self._engines.models())
+
+    async def GetModelInfo(
+        self, request: inference_pb2.ModelInfoRequest, context: aio.ServicerContext
+    ) -> common_pb2.ModelInfo:
+        return self._engines.model_info(request.model)

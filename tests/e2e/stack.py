@@ -1,0 +1,93 @@
+"""Starting the real four-service stack through `turnout serve`, as a user would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+
+from turnout.launcher import free_port
+from turnout.v1 import engine_pb2, engine_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Stack:
+    process: subprocess.Popen[bytes]
+    port: int
+    engine_port: int
+    tokenizer_port: int
+    router_port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.port, self.engine_port, self.tokenizer_port, self.router_port]
+
+    def engine_load(self) -> engine_pb2.Load:
+        with grpc.insecure_channel(f"127.0.0.1:{self.engine_port}") as channel:
+            return engine_pb2_grpc.EngineStub(channel).GetLoad(engine_pb2.GetLoadRequest(), timeout=5)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self, timeout_s: float = 20.0) -> float:
+        """SIGTERM the launcher; return how long it took to exit."""
+        started = time.monotonic()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise
+        return time.monotonic() - started
+
+
+def start_stack(model: Path, log_path: Path, *extra: str, timeout_s: float = 240.0) -> Stack:
+    ports = [free_port() for _ in range(4)]
+    argv = [sys.executable, "-m", "turnout.cli", "serve", "--model", str(model), "--port", str(ports[0])]
+    argv += ["--engine-port", str(ports[1]), "--tokenizer-port", str(ports[2]), "--router-port", str(ports[3])]
+    argv += list(extra)
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
+    stack = Stack(process, *ports, log_path=log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"turnout serve exited with {process.returncode}:\n{stack.log()}")
+        try:
+            if httpx.get(f"{stack.base_url}/health", timeout=1.0).status_code == 200:
+                return stack
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    stack.stop()
+    raise TimeoutError(f"stack not healthy after {timeout_s}s:\n{stack.log()}")
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something still listens on the port. SO_REUSEADDR, as a restarted server
+    would use, so closed connections lingering in TIME_WAIT do not count."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False

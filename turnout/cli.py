@@ -1,0 +1,44 @@
+"""The `turnout` command: run one service, the whole stack, or a helper task.
+
+Each subcommand's flags are defined next to the service it runs
+(`services/*/main.py`, `gateway/main.py`); this module only wires them up, and
+imports a service's heavy dependencies only when that service runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module with build_parser() and run(args), one-line help)
+COMMANDS = {
+    "serve": ("turnout.launcher", "run engine, tokenizer, router and gateway on this machine"),
+    "engine": ("services.engine.main", "serve a model over the Engine gRPC service"),
+    "tokenizer": ("services.tokenizer.main", "serve a tokenizer over the Tokenizer gRPC service"),
+    "router": ("services.router.main", "serve the public Inference gRPC service"),
+    "gateway": ("gateway.main", "serve the OpenAI-compatible and SGLang-native HTTP API"),
+    "prepare-model": ("turnout.default_model", "convert the default model once and print its folder"),
+    "health": ("turnout.health_check", "check a gRPC service's health (exit 0 when SERVING)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnout", description="Turnout: LLM serving over gRPC services.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = subparsers.add_parser(name, help=help_text)
+        module.build_parser(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    code = args.run(args)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""`turnout serve`: the whole stack on one machine as four child processes on loopback.
+
+Start order: engine and tokenizer, then the router, then the gateway; each is
+waited for until healthy. Stop order is the reverse. On SIGTERM/SIGINT, or when
+any child dies, every child gets SIGTERM, then SIGKILL after a grace period;
+children also get SIGTERM from the kernel if the launcher itself dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 8.0
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def grpc_healthy(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    healthy: Callable[[], bool]
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log.info("starting", extra={"child": self.name, "argv": self.argv})
+        self.process = subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
+
+    @property
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+
+class Stack:
+    def __init__(self, children: list[Child]) -> None:
+        self.children = children
+        self.stopping = False
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def start(self, timeout_s: float) -> bool:
+        """Start children in order, each healthy before the next; False if stopped or one failed."""
+        deadline = time.monotonic() + timeout_s
+        for group in (self.children[:2], self.children[2:3], self.children[3:]):
+            for child in group:
+                child.start()
+            pending = list(group)
+            while pending:
+                if self.stopping or self._dead_child() is not None:
+                    return False
+                if time.monotonic() > deadline:
+                    log.error("startup timed out", extra={"waiting_for": [c.name for c in pending]})
+                    return False
+                pending = [c for c in pending if not c.healthy()]
+                if pending:
+                    time.sleep(0.25)
+        return True
+
+    def wait(self) -> None:
+        while not self.stopping:
+            dead = self._dead_child()
+            if dead is not None:
+                log.error("child exited", extra={"child": dead.name, "returncode": dead.exited})
+                return
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        running = [c for c in reversed(self.children) if c.process is not None and c.exited is None]
+        for child in running:
+            assert child.process is not None
+            child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in running:
+            assert child.process is not None
+            try:
+                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("killing child that ignored SIGTERM", extra={"child": child.name})
+                child.process.kill()
+                child.process.wait()
+
+    def _dead_child(self) -> Child | None:
+        return next((c for c in self.children if c.exited is not None), None)
+
+
+def build_stack(args: argparse.Namespace, model: Path) -> Stack:
+    ports = {name: getattr(args, f"{name}_port") or free_port() for name in ("engine", "tokenizer", "router")}
+    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    turnout = [sys.executable, "-m", "turnout.cli"]
+    common = ["--log-level", args.log_level] if args.log_level else []
+    engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["engine"])]
+    engine += ["--device", args.device, "--dtype", args.dtype]
+    if args.served_model_name:
+        engine += ["--served-model-name", args.served_model_name]
+    if args.max_model_len:
+        engine += ["--max-model-len", str(args.max_model_len)]
+    tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
+    if args.chat_template:
+        tokenizer += ["--chat-template", args.chat_template]
+    router = [*turnout, "router", "--engine", addr["engine"], "--tokenizer", addr["tokenizer"]]
+    router += ["--host", "127.0.0.1", "--port", str(ports["router"])]
+    gateway = [*turnout, "gateway", "--router", addr["router"], "--host", args.host, "--port", str(args.port)]
+    probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    health_url = f"http://{probe_host}:{args.port}/health"
+    return Stack(
+        [
+            Child("engine", engine + common, lambda: grpc_healthy(addr["engine"])),
+            Child("tokenizer", tokenizer + common, lambda: grpc_healthy(addr["tokenizer"])),
+            Child("router", router + common, lambda: grpc_healthy(addr["router"])),
+            Child("gateway", gateway + common, lambda: http_healthy(health_url)),
+        ]
+    )
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="turnout serve")
+    parser.description = "Run engine, tokenizer, router and gateway on this machine and serve HTTP."
+    parser.add_argument("--model", type=Path, default=None, help="Hugging Face model folder (default: SmolLM2-135M)")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
+    for name in ("engine", "tokenizer", "router"):
+        parser.add_argument(f"--{name}-port", type=int, default=0, help=f"gRPC port of the {name} (default: free)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--chat-template", default=None)
+    parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for all to be healthy")
+    parser.add_argument("--log-level", default=None)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from turnout.default_model import SERVED_NAME, prepare_default_model
+    from turnout.logs import setup_logging
+
+    setup_logging("launcher", args.log_level)
+    if args.model is None:
+        args.model = prepare_default_model()
+        args.served_model_name = args.served_model_name or SERVED_NAME
+    model = args.model
+    if not (model / "config.json").is_file():
+        raise SystemExit(f"turnout serve: --model {model}: no config.json there")
+    stack = build_stack(args, model)
+    signal.signal(signal.SIGTERM, stack.request_stop)
+    signal.signal(signal.SIGINT, stack.request_stop)
+    try:
+        if not stack.start(args.startup_timeout):
+            return 0 if stack.stopping else 1
+        url = f"http://{args.host}:{args.port}"
+        print(f"Turnout is serving {model.name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)", flush=True)
+        stack.wait()
+        return 0 if stack.stopping else 1
+    finally:
+        stack.stop()
+        log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(run(build_parser().parse_args(argv)))
