@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 
 from gateway.config import GatewayConfig
@@ -70,7 +71,9 @@ def run(args: argparse.Namespace) -> None:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
-    server.run()
+    # uvicorn shuts down gracefully, then re-raises Ctrl-C only to exit: no traceback for that.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
 
 
 if __name__ == "__main__":

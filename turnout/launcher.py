@@ -196,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
         if not stack.start(args.startup_timeout):
             return 0 if stack.stopping else 1
         url = f"http://{args.host}:{args.port}"
-        print(f"Turnout is serving {model.name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)", flush=True)
+        name = args.served_model_name or model.name
+        print(f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)", flush=True)
         stack.wait()
         return 0 if stack.stopping else 1
     finally:

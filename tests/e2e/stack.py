@@ -43,11 +43,15 @@ class Stack:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
-    def stop(self, timeout_s: float = 20.0) -> float:
-        """SIGTERM the launcher; return how long it took to exit."""
+    def stop(self, timeout_s: float = 20.0, *, ctrl_c: bool = False) -> float:
+        """SIGTERM the launcher (or SIGINT its whole process group, as a terminal's
+        Ctrl-C does); return how long it took to exit."""
         started = time.monotonic()
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            if ctrl_c:
+                os.killpg(self.process.pid, signal.SIGINT)
+            else:
+                self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -63,7 +67,10 @@ def start_stack(model: Path, log_path: Path, *extra: str, timeout_s: float = 240
     argv += ["--engine-port", str(ports[1]), "--tokenizer-port", str(ports[2]), "--router-port", str(ports[3])]
     argv += list(extra)
     log_file = log_path.open("wb")
-    process = subprocess.Popen(argv, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
+    # Its own session and process group, like a command started from a terminal.
+    process = subprocess.Popen(
+        argv, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ}, start_new_session=True
+    )
     stack = Stack(process, *ports, log_path=log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -27,16 +27,18 @@ def alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def test_sigterm_stops_every_child_and_frees_every_port(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
+def test_stop_signal_stops_every_child_and_frees_every_port(tiny_model_dir: Path, tmp_path: Path, ctrl_c: bool) -> None:
     stack = start_stack(tiny_model_dir, tmp_path / "stack.log")
     children = children_of(stack.process.pid)
     assert len(children) == 4, stack.log()
     assert all(port_in_use(p) for p in stack.ports)
     assert httpx.get(f"{stack.base_url}/v1/models").status_code == 200
 
-    took = stack.stop()
+    took = stack.stop(ctrl_c=ctrl_c)
 
     assert stack.process.returncode == 0, stack.log()
     assert took < 10, f"stopping took {took:.1f}s"
     assert not [pid for pid in children if alive(pid)]
     assert not [p for p in stack.ports if port_in_use(p)]
+    assert "Traceback" not in stack.log()

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
 
 from gateway.config import GatewayConfig
 from gateway.main import parse_args
+from turnout.launcher import free_port
 
 
 @pytest.mark.parametrize(
@@ -52,3 +59,27 @@ def test_cli_requires_router(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args([])
     assert "--router" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_gateway_process_stops_cleanly_on_signal(signum: int) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "turnout.cli", "gateway", "--router", "127.0.0.1:1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
+                break
+            time.sleep(0.1)
+        process.send_signal(signum)
+        output = process.communicate(timeout=15)[0].decode(errors="replace")
+    finally:
+        process.kill()
+    assert "Traceback" not in output
+    # Ctrl-C ends with 0; on SIGTERM uvicorn re-raises the signal after draining.
+    assert process.returncode in (0, -signal.SIGTERM), output[-2000:]
