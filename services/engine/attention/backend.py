@@ -1,0 +1,60 @@
+"""The attention-backend interface: store new K/V in the paged cache, attend over it.
+
+Implementations: `torch_backend.TorchAttentionBackend` (portable, CPU and CUDA,
+the reference in tests); Triton kernels for CUDA plug in here later.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from services.engine.attention.context import ForwardContext
+
+
+class KVCache:
+    """Preallocated paged K/V pools, one pair per layer: (num_blocks + 1, block_size, num_kv_heads, head_dim).
+
+    Blocks 0 .. num_blocks-1 belong to the block manager. The extra last block is never
+    handed out or written: it stays zero, so a backend can point padding at `null_slot`
+    and read zeros instead of another request's stale (possibly NaN) K/V.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.null_slot = num_blocks * block_size  # first slot of the zero block
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        element = torch.tensor([], dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+class AttentionBackend(ABC):
+    def __init__(self, kv_cache: KVCache, scale: float) -> None:
+        self.kv_cache = kv_cache
+        self.scale = scale
+
+    @abstractmethod
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """Store k/v (T, Hkv, D) at ctx.slot_mapping in layer `layer`'s cache, then return
+        causal attention of q (T, Hq, D) over each sequence's cached tokens: (T, Hq, D).
+        Hq is a multiple of Hkv (grouped-query attention)."""

@@ -1,0 +1,165 @@
+"""Layers shared by the Llama-family models: RMSNorm, rotary embedding, fused projections, MLP.
+
+Numerics follow Hugging Face `transformers` (same dtype at each step), so greedy
+output can match it token for token: RMSNorm normalises in float32 and casts back
+before the weight; rotary cos/sin are computed in float32 and applied in the
+activation dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., dim) -> normalised (..., dim), same dtype."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual add, then norm (one call a fused kernel can replace): (norm(x + residual), x + residual)."""
+        summed = x + residual  # (T, dim)
+        return self.forward(summed), summed
+
+
+def rope_parameters(config: Any) -> dict[str, Any]:
+    """rope_theta and scaling settings from a config of either transformers generation:
+    4.x (`rope_theta` + `rope_scaling`) or 5.x (`rope_parameters`, which holds both)."""
+    params: dict[str, Any] = {}
+    for source in (getattr(config, "rope_scaling", None), getattr(config, "rope_parameters", None)):
+        if isinstance(source, dict):
+            params.update(source)
+    if "rope_theta" not in params:
+        params["rope_theta"] = float(getattr(config, "rope_theta", None) or 10000.0)
+    params["rope_type"] = params.get("rope_type", params.get("type")) or "default"
+    return params
+
+
+def rope_inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
+    """Inverse frequencies (head_dim // 2,) float32 on the CPU for a rope_type in ROPE_TYPES."""
+    rope_type = params["rope_type"]
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: {', '.join(ROPE_TYPES)})")
+    # Same expression as transformers, so the frequencies are bit-identical.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (float(params["rope_theta"]) ** exponents)  # (D/2,)
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        return _llama3_scaled(inv_freq, params)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 context extension: long wavelengths are slowed down by `factor`, short ones kept,
+    and the band between low_freq_wavelen and high_freq_wavelen interpolated smoothly."""
+    factor = float(params["factor"])
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    original = float(params["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq  # (D/2,)
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding in the rotate-half layout, applied at arbitrary positions
+    (a batch mixes sequences, and chunks start mid-sequence)."""
+
+    inv_freq: torch.Tensor  # (D/2,) float32
+
+    def __init__(self, head_dim: int, params: dict[str, Any]) -> None:
+        super().__init__()
+        # Kept in float32 on whatever device the model lives on; not part of the checkpoint.
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, params), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (T,) int64 -> cos, sin (T, D/2) float32, computed once per model forward."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        return freqs.cos(), freqs.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (T, H, D), cos/sin (T, D/2) -> x rotated by position, same dtype as x."""
+    cos = cos.to(x.dtype)[:, None, :]  # (T, 1, D/2)
+    sin = sin.to(x.dtype)[:, None, :]  # (T, 1, D/2)
+    x1, x2 = x.chunk(2, dim=-1)  # (T, H, D/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (T, H, D)
+
+
+class MergedLinear(nn.Linear):
+    """One Linear whose output rows are the concatenation of several checkpoint projections
+    (`shard_names`, in order), so one matmul replaces several."""
+
+    def __init__(self, in_features: int, shard_sizes: tuple[int, ...], shard_names: tuple[str, ...], bias: bool):
+        super().__init__(in_features, sum(shard_sizes), bias=bias)
+        self.shard_sizes = shard_sizes
+        self.shard_names = shard_names
+
+    def shard_rows(self, index: int) -> slice:
+        """Rows of the fused weight (and bias) that hold checkpoint projection `shard_names[index]`."""
+        start = sum(self.shard_sizes[:index])
+        return slice(start, start + self.shard_sizes[index])
+
+
+class QKVLinear(MergedLinear):
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool) -> None:
+        sizes = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
+        super().__init__(hidden_size, sizes, ("q_proj", "k_proj", "v_proj"), bias)
+        self.head_dim = head_dim
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """x (T, hidden) -> q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, D)."""
+        qkv = super().forward(x)  # (T, (Hq + 2 Hkv) D)
+        q, k, v = qkv.split(self.shard_sizes, dim=-1)
+        return (
+            q.unflatten(-1, (-1, self.head_dim)),
+            k.unflatten(-1, (-1, self.head_dim)),
+            v.unflatten(-1, (-1, self.head_dim)),
+        )
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+        super().__init__()
+        sizes = (intermediate_size, intermediate_size)
+        self.gate_up_proj = MergedLinear(hidden_size, sizes, ("gate_proj", "up_proj"), bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
+        return self.down_proj(F.silu(gate) * up)  # (T, hidden)
+
+
+class LMHead(nn.Module):
+    """Hidden states -> float32 logits, through its own weight or the (tied) embedding's."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, tied_to: nn.Embedding | None) -> None:
+        super().__init__()
+        # A tied head owns no parameter: the embedding is the only copy, and the loader never sees two names.
+        self.tied_to = [tied_to] if tied_to is not None else []  # a list keeps it out of the module tree
+        if tied_to is None:
+            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (N, hidden) -> logits (N, vocab) float32 (matmul in the model dtype, like transformers)."""
+        weight = self.tied_to[0].weight if self.tied_to else self.weight
+        return F.linear(hidden, weight).float()

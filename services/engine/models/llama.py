@@ -1,0 +1,191 @@
+"""The Llama decoder (Llama 2/3/3.x, SmolLM, TinyLlama, Mistral), the base of the family.
+
+Parameter names match the Hugging Face checkpoints, except that q/k/v and
+gate/up are fused (`qkv_proj`, `gate_up_proj`); the loader fills their row
+slices from the checkpoint's separate projections. Variants (Qwen2, Qwen3)
+differ only in the `DecoderSpec` they derive from their config.
+
+All tokens of a step are flattened: input_ids and positions are (T,), hidden
+states (T, hidden). Batch structure and the KV cache live in the
+ForwardContext; the attention call is the only place that touches the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from services.engine.attention.context import ForwardContext
+from services.engine.models.layers import (
+    GatedMLP,
+    LMHead,
+    QKVLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary,
+    rope_parameters,
+)
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """What one Llama-family checkpoint needs, read from its config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: dict[str, Any]
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k, before rotary
+
+    @property
+    def attention_scale(self) -> float:
+        return float(self.head_dim**-0.5)
+
+
+def sliding_window_layers(config: Any) -> bool:
+    """Whether any layer would attend through a sliding window shorter than the context."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return "sliding_attention" in layer_types
+    window = getattr(config, "sliding_window", None)
+    return window is not None and window < config.max_position_embeddings
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, spec: DecoderSpec, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.qkv_proj = QKVLinear(spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.qkv_bias)
+        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=spec.o_bias)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+
+    def forward(
+        self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden)  # (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        out = ctx.attention(self.layer_index, q, k, v)  # (T, Hq, D)
+        return self.o_proj(out.flatten(1))  # (T, hidden)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, spec: DecoderSpec, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(spec, layer_index)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm block. `residual` is the running sum of the stream; the previous block's
+        output is added to it inside the next norm: returns (block output, residual), both (T, hidden)."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_forward(hidden, residual)
+        hidden = self.self_attn(hidden, rope, ctx)
+        hidden, residual = self.post_attention_layernorm.add_forward(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, spec: DecoderSpec) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # (T, hidden)
+        rope = self.rotary(positions)  # cos, sin (T, D/2), shared by every layer
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, rope, ctx)
+        assert residual is not None, "a model has at least one layer"
+        hidden, _ = self.norm.add_forward(hidden, residual)
+        return hidden  # (T, hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported yet (only 'silu')")
+        if sliding_window_layers(config):
+            raise ValueError(
+                f"sliding window attention is not supported yet (sliding_window={config.sliding_window}, "
+                f"max_position_embeddings={config.max_position_embeddings})"
+            )
+        self.spec = self.spec_from_config(config)
+        self.model = LlamaModel(self.spec)
+        tied = self.model.embed_tokens if self.spec.tie_word_embeddings else None
+        self.lm_head = LMHead(self.spec.hidden_size, self.spec.vocab_size, tied)
+
+    @classmethod
+    def spec_from_config(cls, config: Any) -> DecoderSpec:
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return DecoderSpec(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            rms_norm_eps=float(config.rms_norm_eps),
+            rope=rope_parameters(config),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """input_ids, positions (T,) int64 -> final hidden states (T, hidden)."""
+        return self.model(input_ids, positions, ctx)  # type: ignore[no-any-return]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (N, hidden), usually each sequence's last token -> logits (N, vocab) float32."""
+        return self.lm_head(hidden)  # type: ignore[no-any-return]
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral is the Llama decoder; its sliding window is rejected above when it would matter."""
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2/2.5: biases on q, k and v (never on o_proj)."""
+
+    @classmethod
+    def spec_from_config(cls, config: Any) -> DecoderSpec:
+        return replace(super().spec_from_config(config), qkv_bias=True, o_bias=False)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: per-head RMSNorm on q and k before rotary; explicit head_dim; biases per attention_bias."""
+
+    @classmethod
+    def spec_from_config(cls, config: Any) -> DecoderSpec:
+        return replace(super().spec_from_config(config), qk_norm=True)

@@ -1,0 +1,142 @@
+"""Loading Hugging Face safetensors checkpoints into our models, and building a ready model.
+
+Our parameter names are the checkpoint's, except for fused projections: a
+`MergedLinear` named `...self_attn.qkv_proj` takes `...self_attn.q_proj/k_proj/
+v_proj.{weight,bias}` into consecutive row slices. The model is built on the
+meta device and every parameter is allocated once, in the target dtype on the
+target device, then filled tensor by tensor straight from the files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig
+
+from services.engine.models.layers import MergedLinear
+from services.engine.models.llama import LlamaForCausalLM
+from services.engine.models.registry import model_class
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Checkpoint entries that are derived, not learned (older Llama exports carry them).
+SKIPPED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: a parameter of ours, whole or a row slice of it."""
+
+    param: str
+    rows: slice | None = None
+
+
+def checkpoint_files(folder: Path) -> dict[str, Path]:
+    """Map every tensor name in the checkpoint to the file holding it (single or sharded)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        with safe_open(single, framework="pt") as f:
+            return dict.fromkeys(f.keys(), single)
+    raise FileNotFoundError(f"{folder} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def checkpoint_targets(model: nn.Module) -> dict[str, Target]:
+    """Every checkpoint name the model needs, and where each one goes."""
+    targets: dict[str, Target] = {}
+    for module_name, module in model.named_modules():
+        for param_name, _ in module.named_parameters(recurse=False):
+            ours = f"{module_name}.{param_name}"
+            if isinstance(module, MergedLinear):
+                parent = module_name.rpartition(".")[0]
+                for i, shard in enumerate(module.shard_names):
+                    targets[f"{parent}.{shard}.{param_name}"] = Target(ours, module.shard_rows(i))
+            else:
+                targets[ours] = Target(ours)
+    return targets
+
+
+def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+    """Allocate every parameter in `dtype` on `device` and fill it from the checkpoint in `folder`.
+
+    Raises ValueError naming the missing and unexpected tensors (checked before any is read),
+    or a tensor whose shape does not match."""
+    files = checkpoint_files(Path(folder))
+    targets = checkpoint_targets(model)
+    ignored = {name for name in files if name.endswith(SKIPPED_SUFFIXES)}
+    if model.spec.tie_word_embeddings:
+        ignored.add("lm_head.weight")  # tied: the embedding is the head, as in transformers
+    missing = sorted(set(targets) - set(files))
+    unexpected = sorted(set(files) - set(targets) - ignored)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {folder} does not match {type(model).__name__}: "
+            f"missing weights {_names(missing)}; unexpected weights {_names(unexpected)}"
+        )
+    _materialize(model, dtype, device)
+    params = dict(model.named_parameters())
+    by_file: dict[Path, list[str]] = {}
+    for name in targets:
+        by_file.setdefault(files[name], []).append(name)
+    with torch.no_grad():
+        for file, names in by_file.items():
+            with safe_open(file, framework="pt", device=_safetensors_device(device)) as f:
+                for name in names:
+                    target = targets[name]
+                    dest: torch.Tensor = params[target.param]
+                    if target.rows is not None:
+                        dest = dest[target.rows]
+                    tensor = f.get_tensor(name)
+                    if tensor.shape != dest.shape:
+                        raise ValueError(
+                            f"weight {name} in {file.name} has shape {tuple(tensor.shape)}, "
+                            f"the model expects {tuple(dest.shape)}"
+                        )
+                    dest.copy_(tensor)  # converts to the parameter's dtype on the way
+
+
+def build_model(
+    folder: Path | str, dtype: torch.dtype, device: torch.device | str
+) -> tuple[LlamaForCausalLM, PretrainedConfig]:
+    """Read config.json, construct the registered model class and load its weights; in eval mode."""
+    folder, device = Path(folder), torch.device(device)
+    config = AutoConfig.from_pretrained(folder)  # parsing only: defaults and old/new field names
+    cls = model_class(config)
+    with torch.device("meta"):
+        model = cls(config)  # shapes only; load_weights allocates the real tensors
+    load_weights(model, folder, dtype, device)
+    return model.eval(), config
+
+
+def _materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Give every parameter real (uninitialised) storage in dtype on device; move buffers
+    to device keeping their dtype (rotary frequencies stay float32)."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            storage = torch.empty(param.shape, dtype=dtype, device=device)
+            setattr(module, name, nn.Parameter(storage, requires_grad=False))
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_meta:
+                raise ValueError(f"buffer {name} of {type(module).__name__} has no data to move")
+            setattr(module, name, buffer.to(device))
+
+
+def _safetensors_device(device: torch.device) -> str:
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} (and {len(names) - limit} more)"
