@@ -7,6 +7,7 @@ from pathlib import Path
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,17 @@ class EngineConfig:
     # Cap on prompt + output tokens; defaults to the model's own context length.
     max_model_len: int | None = None
     # Requests allowed to wait for their turn before new ones are refused (RESOURCE_EXHAUSTED).
-    max_waiting_requests: int = 256
+    max_waiting_requests: int = 1024
+    # KV cache: tokens per block, and its size as a block count or a memory budget (GiB).
+    # Neither given: a share of free memory (see kv_cache_sizing).
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_gib: float | None = None
+    enable_prefix_caching: bool = True
+    # Scheduler: tokens computed per step (prefill chunks share it with decodes) and running requests.
+    max_num_batched_tokens: int = 2048
+    max_running_requests: int = 256
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -30,8 +41,20 @@ class EngineConfig:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"--scheduling-policy must be one of {', '.join(POLICIES)}")
+        positive = {
+            "--max-model-len": self.max_model_len,
+            "--block-size": self.block_size,
+            "--num-kv-blocks": self.num_kv_blocks,
+            "--max-num-batched-tokens": self.max_num_batched_tokens,
+            "--max-running-requests": self.max_running_requests,
+        }
+        for flag, value in positive.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be positive, got {value}")
+        if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
+            raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_gib}")
         if self.max_waiting_requests < 0:
             raise ValueError("--max-waiting-requests must be >= 0")
 

@@ -20,7 +20,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, ...")
     parser.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
-    parser.add_argument("--max-waiting-requests", type=int, default=256)
+    parser.add_argument("--max-waiting-requests", type=int, default=1024, help="queue bound before 429s")
+    kv = parser.add_argument_group("KV cache")
+    kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
+    kv.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV pool size in GiB")
+    kv.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    sched = parser.add_argument_group("scheduler")
+    sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
+    sched.add_argument("--max-running-requests", type=int, default=256)
+    sched.add_argument("--scheduling-policy", default="fcfs", help="fcfs, or priority (request field `priority`)")
     parser.add_argument("--log-level", default=None)
     return parser
 
@@ -42,6 +51,13 @@ def run(args: argparse.Namespace) -> None:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             max_waiting_requests=args.max_waiting_requests,
+            block_size=args.block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            kv_cache_memory_gib=args.kv_cache_memory,
+            enable_prefix_caching=not args.no_prefix_caching,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_running_requests=args.max_running_requests,
+            scheduling_policy=args.scheduling_policy,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None
@@ -50,18 +66,18 @@ def run(args: argparse.Namespace) -> None:
 
 async def _serve(config: EngineConfig) -> None:
     # Heavy imports (torch, transformers) only once we really serve, so --help is instant.
-    from services.engine.model_loader import load_model
-    from services.engine.sequential_engine import SequentialEngine
+    from services.engine.engine_loop import EngineLoop
+    from services.engine.llm_engine import LLMEngine
     from services.engine.service import EngineServicer
     from turnout.grpc_server import ServiceSpec, serve
     from turnout.v1 import engine_pb2, engine_pb2_grpc
 
     try:
-        loaded = load_model(config)
+        core = LLMEngine(config)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
-    engine = SequentialEngine(loaded, config.max_waiting_requests)
-    servicer = EngineServicer(loaded, engine)
+    engine = EngineLoop(core, config.max_waiting_requests)
+    servicer = EngineServicer(core.loaded, engine)
     spec = ServiceSpec(
         name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
         add=lambda server: engine_pb2_grpc.add_EngineServicer_to_server(servicer, server),

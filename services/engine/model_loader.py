@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
+from services.engine.attention.backend import AttentionBackend, KVCache
+from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.config import EngineConfig
+from services.engine.models.weights import build_model
 from turnout.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,20 @@ _GENERATION_DEFAULTS = {
 class LoadedModel:
     model: torch.nn.Module
     device: torch.device
+    dtype: torch.dtype
     info: common_pb2.ModelInfo
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        return KVCache.bytes_per_block(self.num_layers, block_size, self.num_kv_heads, self.head_dim, self.dtype)
+
+    def make_backend(self, num_blocks: int, block_size: int) -> AttentionBackend:
+        cache = KVCache(
+            self.num_layers, num_blocks, block_size, self.num_kv_heads, self.head_dim, self.dtype, self.device
+        )
+        return TorchAttentionBackend(cache, scale=self.head_dim**-0.5)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -63,10 +78,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_model(config: EngineConfig) -> LoadedModel:
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
-    hf_config = AutoConfig.from_pretrained(config.model)
-    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
-    torch.nn.Module.to(model, device)  # transformers' own `to` stub confuses mypy
-    model.eval()
+    model, hf_config = build_model(config.model, dtype, device)
     context = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:
         if config.max_model_len > context:
@@ -85,7 +97,16 @@ def load_model(config: EngineConfig) -> LoadedModel:
         dtype=str(dtype).removeprefix("torch."),
     )
     log.info("model loaded", extra={"model": info.name, "device": str(device), "dtype": info.dtype})
-    return LoadedModel(model=model, device=device, info=info)
+    heads = int(hf_config.num_attention_heads)
+    return LoadedModel(
+        model=model,
+        device=device,
+        dtype=dtype,
+        info=info,
+        num_layers=int(hf_config.num_hidden_layers),
+        num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads),
+    )
 
 
 def _read_generation_config(folder: Path) -> dict[str, object]:

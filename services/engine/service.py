@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator
 from grpc import aio
 
 from services.engine.convert import load_to_proto, output_to_proto, request_from_proto
+from services.engine.engine_loop import EngineLoop
 from services.engine.model_loader import LoadedModel
-from services.engine.sequential_engine import SequentialEngine
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
-    def __init__(self, loaded: LoadedModel, engine: SequentialEngine) -> None:
+    def __init__(self, loaded: LoadedModel, engine: EngineLoop) -> None:
         self._loaded = loaded
         self._engine = engine
 
@@ -29,7 +29,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             extra={"request_id": request.request_id, "prompt_tokens": len(request.input_ids)},
         )
         # A cancelled call cancels this generator; closing engine.generate() aborts the request.
-        async for output in self._engine.generate(engine_request):
+        priority = request.priority if request.HasField("priority") else 0
+        async for output in self._engine.generate(engine_request, priority):
             yield output_to_proto(output)
 
     async def Abort(self, request: engine_pb2.AbortRequest, context: aio.ServicerContext) -> engine_pb2.AbortResponse:

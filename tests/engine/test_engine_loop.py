@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from services.engine.config import EngineConfig
+from services.engine.engine_loop import EngineLoop
+from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.request import EngineOutput, EngineRequest
 from services.engine.sampling import resolve
-from services.engine.sequential_engine import SequentialEngine
 from turnout.v1 import common_pb2
 
 PROMPT = (1, 504, 3575, 282, 4649, 314)
@@ -24,10 +25,13 @@ def loaded(tiny_model_dir: Path) -> LoadedModel:
 
 
 @pytest.fixture
-def engine(loaded: LoadedModel) -> Iterator[SequentialEngine]:
-    engine = SequentialEngine(loaded)
+def engine(loaded: LoadedModel, tiny_model_dir: Path) -> Iterator[EngineLoop]:
+    core = LLMEngine(EngineConfig(model=tiny_model_dir, num_kv_blocks=512), loaded)
+    engine = EngineLoop(core)
     yield engine
     engine.shutdown()
+    core.block_manager.check_integrity()
+    assert core.block_manager.usage == 0.0  # every request gave its blocks back
 
 
 def make_request(
@@ -52,9 +56,7 @@ async def collect(outputs: AsyncIterator[EngineOutput]) -> tuple[list[int], Engi
     return tokens, last
 
 
-async def test_greedy_output_equals_transformers(
-    engine: SequentialEngine, loaded: LoadedModel, tiny_model_dir: Path
-) -> None:
+async def test_greedy_output_equals_transformers(engine: EngineLoop, loaded: LoadedModel, tiny_model_dir: Path) -> None:
     tokens, last = await collect(
         engine.generate(make_request(loaded, temperature=0.0, max_new_tokens=24, ignore_eos=True))
     )
@@ -65,7 +67,7 @@ async def test_greedy_output_equals_transformers(
     assert (last.prompt_tokens, last.completion_tokens) == (len(PROMPT), 24)
 
 
-async def test_stop_token_id_ends_with_a_match(engine: SequentialEngine, loaded: LoadedModel) -> None:
+async def test_stop_token_id_ends_with_a_match(engine: EngineLoop, loaded: LoadedModel) -> None:
     greedy, _ = await collect(
         engine.generate(make_request(loaded, "a", temperature=0.0, max_new_tokens=8, ignore_eos=True))
     )
@@ -79,7 +81,7 @@ async def test_stop_token_id_ends_with_a_match(engine: SequentialEngine, loaded:
     assert last.finish is not None and (last.finish.kind, last.finish.matched_token_id) == ("stop", stop_at)
 
 
-async def test_min_new_tokens_suppresses_stop_tokens(engine: SequentialEngine, loaded: LoadedModel) -> None:
+async def test_min_new_tokens_suppresses_stop_tokens(engine: EngineLoop, loaded: LoadedModel) -> None:
     greedy, _ = await collect(
         engine.generate(make_request(loaded, "a", temperature=0.0, max_new_tokens=6, ignore_eos=True))
     )
@@ -101,7 +103,7 @@ async def test_min_new_tokens_suppresses_stop_tokens(engine: SequentialEngine, l
     assert len(tokens) >= 4
 
 
-async def test_same_seed_same_sample(engine: SequentialEngine, loaded: LoadedModel) -> None:
+async def test_same_seed_same_sample(engine: EngineLoop, loaded: LoadedModel) -> None:
     runs = []
     for rid in ("a", "b", "c"):
         seed = 11 if rid != "c" else 12
@@ -113,7 +115,7 @@ async def test_same_seed_same_sample(engine: SequentialEngine, loaded: LoadedMod
     assert runs[0] != runs[2]
 
 
-async def test_leaving_the_stream_aborts_and_frees_the_engine(engine: SequentialEngine, loaded: LoadedModel) -> None:
+async def test_leaving_the_stream_aborts_and_frees_the_engine(engine: EngineLoop, loaded: LoadedModel) -> None:
     stream = engine.generate(make_request(loaded, temperature=1.0, max_new_tokens=3000, ignore_eos=True))
     for _ in range(3):
         await anext(stream)
@@ -129,7 +131,7 @@ async def test_leaving_the_stream_aborts_and_frees_the_engine(engine: Sequential
     assert len(tokens) <= 2
 
 
-async def test_requests_queue_in_order(engine: SequentialEngine, loaded: LoadedModel) -> None:
+async def test_concurrent_requests_match_running_alone(engine: EngineLoop, loaded: LoadedModel) -> None:
     results = await asyncio.gather(
         *(
             collect(engine.generate(make_request(loaded, f"q{i}", temperature=0.0, max_new_tokens=5, ignore_eos=True)))

@@ -1,0 +1,108 @@
+"""Offline generation in-process, on the same engine core as the service:
+
+    from turnout import LLM
+    llm = LLM(model="/path/to/hf-folder")
+    outputs = llm.generate(["The capital of France is"], {"temperature": 0, "max_new_tokens": 16})
+    print(outputs[0].text)
+
+Sampling parameters are a dict with the SGLang/Turnout names (the fields of
+`turnout.v1.SamplingParams`), one for all prompts or one per prompt.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, cast
+
+from google.protobuf.json_format import ParseDict, ParseError
+
+from services.engine.config import EngineConfig
+from services.engine.llm_engine import LLMEngine
+from services.engine.request import EngineRequest, Finish
+from services.engine.sampling import resolve
+from turnout.errors import InvalidArgument
+from turnout.v1 import common_pb2
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finish: Finish
+    cached_tokens: int
+
+
+class LLM:
+    def __init__(self, model: str | Path, **engine_options: Any) -> None:
+        from transformers import AutoTokenizer
+
+        known = {f.name for f in fields(EngineConfig)}
+        unknown = set(engine_options) - known
+        if unknown:
+            raise TypeError(f"unknown engine options: {', '.join(sorted(unknown))}")
+        self.engine = LLMEngine(EngineConfig(model=Path(model), **engine_options))
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids) and return outputs in prompt order."""
+        batch = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not batch:
+            return []
+        per_prompt = (
+            [sampling_params or {}] * len(batch)
+            if sampling_params is None or isinstance(sampling_params, Mapping)
+            else list(sampling_params)
+        )
+        if len(per_prompt) != len(batch):
+            raise InvalidArgument(f"{len(per_prompt)} sampling_params for {len(batch)} prompts")
+        # Validate every request before adding any, so a bad one leaves nothing behind in the engine.
+        requests = [
+            self._request(cast("str | Sequence[int]", prompt), params)
+            for prompt, params in zip(batch, per_prompt, strict=True)
+        ]
+        for request in requests:
+            self.engine.check_fits(request)
+        for request in requests:
+            self.engine.add_request(request)
+        return self._run({r.request_id: list(r.input_ids) for r in requests})
+
+    def _request(self, prompt: str | Sequence[int], params: Mapping[str, Any]) -> EngineRequest:
+        ids = self.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidArgument("a prompt must not be empty")
+        try:
+            proto = ParseDict(dict(params), common_pb2.SamplingParams())
+        except ParseError as exc:
+            raise InvalidArgument(f"sampling_params: {exc}") from None
+        info = self.engine.loaded.info
+        settings = resolve(proto, info.generation_defaults, prompt_len=len(ids), max_model_len=info.max_context_length)
+        return EngineRequest(f"offline-{next(self._ids)}", tuple(ids), settings)
+
+    def _run(self, prompt_ids: dict[str, list[int]]) -> list[RequestOutput]:
+        """Step the engine until every request finished; outputs in the order of prompt_ids."""
+        pending = set(prompt_ids)
+        tokens: dict[str, list[int]] = {rid: [] for rid in prompt_ids}
+        done: dict[str, RequestOutput] = {}
+        while pending:
+            for step in self.engine.step():
+                if step.request_id not in pending:
+                    continue
+                out = step.output
+                tokens[step.request_id] += out.token_ids
+                if out.finish is not None:
+                    pending.discard(step.request_id)
+                    ids = tokens[step.request_id]
+                    text = cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))
+                    done[step.request_id] = RequestOutput(
+                        prompt_ids[step.request_id], ids, text, out.finish, out.cached_tokens
+                    )
+        return [done[rid] for rid in prompt_ids]

@@ -1,0 +1,139 @@
+"""Continuous batching on a per-step token budget.
+
+Each step: running sequences first (one token each when decoding, the next
+chunk when still prefilling), then waiting sequences are admitted while the
+budget, the running cap and the KV cache allow. A waiting sequence starts
+from its longest prefix-cache hit. When a running sequence cannot get the
+blocks it needs, the most recently admitted sequence (or, with priority
+scheduling, the least important one) is preempted: its blocks are freed and
+it waits to be recomputed (prefix caching usually makes that cheap).
+
+The scheduler knows nothing about gRPC or the model: it moves Sequences
+between queues and asks the BlockManager for blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.engine.block_manager import BlockManager
+from services.engine.sequence import Sequence, Status
+
+Policy = Literal["fcfs", "priority"]
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    seq: Sequence
+    # Tokens computed this step: token_ids[num_computed_tokens : num_computed_tokens + num_new_tokens].
+    num_new_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_batched_tokens: int,
+        max_running_requests: int,
+        policy: Policy = "fcfs",
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_running_requests = max_running_requests
+        self.policy = policy
+        # Waiting: sorted by _order (FCFS: arrival; priority: (priority, arrival)), so a
+        # preempted sequence goes back ahead of everything that arrived after it.
+        self.waiting: list[Sequence] = []
+        # Running: in admission order; the last one is the first preemption victim under FCFS.
+        self.running: list[Sequence] = []
+
+    def _order(self, seq: Sequence) -> tuple[int, int]:
+        return (seq.priority, seq.arrival) if self.policy == "priority" else (0, seq.arrival)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        bisect.insort(self.waiting, seq, key=self._order)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out (finished or aborted) and release its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq.seq_id)
+        seq.status = Status.FINISHED
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        preempted: list[Sequence] = []
+
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = min(seq.num_tokens_to_compute, budget)
+            while not self.block_manager.allocate(seq.seq_id, seq.num_computed_tokens + num_new):
+                victim = self._preemption_victim()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is Status.RUNNING:
+                scheduled.append(ScheduledSequence(seq, num_new))
+                budget -= num_new
+
+        # Admitting while preempting would only thrash the cache.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_running_requests:
+            seq = self.waiting[0]
+            cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids)
+            num_new = min(seq.num_tokens - cached, budget)
+            if not self.block_manager.allocate(seq.seq_id, cached + num_new):
+                self.block_manager.free(seq.seq_id)
+                break
+            self.waiting.pop(0)
+            seq.num_computed_tokens = cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = cached
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+
+        return SchedulerOutput(scheduled, preempted)
+
+    def commit(self, output: SchedulerOutput) -> None:
+        """The step's tokens now have K/V in the cache: advance the counts, publish full blocks."""
+        for item in output.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+
+    def _preemption_victim(self) -> Sequence:
+        if self.policy == "priority":
+            return max(self.running, key=self._order)
+        return self.running[-1]
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.add(seq)

@@ -1,0 +1,92 @@
+"""One request's state inside the engine.
+
+The whole scheduler follows from one rule: a sequence has `num_tokens` tokens
+(prompt + generated) and `num_computed_tokens` of them have K/V in the cache.
+Prefill, chunked prefill, prefix-cache hits, decode and recompute after
+preemption are all "compute the next tokens until the two counts meet":
+
+    token_ids:  [ prompt ............................ | output ....... ]
+                [ cached (hit) | computed ... | to compute ]
+                0              ^num_cached    ^num_computed_tokens  ^num_tokens
+
+After a step that brings num_computed_tokens up to num_tokens the model has
+produced logits for the last token, and the sampled token is appended (so in
+decode, num_computed_tokens trails num_tokens by exactly one).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from services.engine.request import EngineRequest, Finish
+
+_arrival = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: EngineRequest
+    priority: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    # Prompt tokens found in the prefix cache when first admitted (reported as cached_tokens).
+    num_cached_tokens: int = 0
+    status: Status = Status.WAITING
+    finish: Finish | None = None
+    # Set by whoever must stop it (cancellation); the step loop finishes it at the next step.
+    abort_message: str | None = None
+    # Output tokens not yet handed to the caller.
+    num_emitted: int = 0
+    num_preemptions: int = 0
+    arrival: int = field(default_factory=lambda: next(_arrival))
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.request.input_ids)
+        seed = self.request.sampling.seed
+        if seed is not None:
+            self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    @property
+    def seq_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.input_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Tokens the sequence may hold at most: prompt + max_new_tokens."""
+        return self.num_prompt_tokens + self.request.sampling.max_new_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

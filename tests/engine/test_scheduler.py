@@ -1,0 +1,162 @@
+"""Scheduler with tiny configs, driven by hand: no model, no gRPC."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from services.engine.block_manager import BlockManager
+from services.engine.request import EngineRequest
+from services.engine.sampling import SamplingSettings
+from services.engine.scheduler import Policy, Scheduler, SchedulerOutput
+from services.engine.sequence import Sequence, Status
+
+BLOCK = 4
+
+
+def make_seq(rid: str, prompt: list[int], max_new: int = 8, priority: int = 0) -> Sequence:
+    settings = SamplingSettings(
+        max_new_tokens=max_new,
+        min_new_tokens=0,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        stop_token_ids=frozenset(),
+        ignore_eos=True,
+        seed=None,
+    )
+    return Sequence(EngineRequest(rid, tuple(prompt), settings), priority=priority)
+
+
+class Harness:
+    def __init__(self, blocks: int, budget: int, max_running: int = 8, policy: Policy = "fcfs") -> None:
+        self.blocks = BlockManager(blocks, BLOCK)
+        self.scheduler = Scheduler(
+            self.blocks, max_num_batched_tokens=budget, max_running_requests=max_running, policy=policy
+        )
+
+    def step(self) -> SchedulerOutput:
+        """One engine step without a model: schedule, commit, append a fake token where sampled."""
+        out = self.scheduler.schedule()
+        self.scheduler.commit(out)
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.token_ids.append(1000 + seq.num_output_tokens)
+        return out
+
+
+@pytest.fixture
+def harness_factory() -> Iterator[type[Harness]]:
+    made: list[Harness] = []
+
+    class Checked(Harness):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(self)
+
+    yield Checked
+    for harness in made:
+        harness.blocks.check_integrity()
+
+
+def plan(out: SchedulerOutput) -> list[tuple[str, int]]:
+    return [(item.seq.seq_id, item.num_new_tokens) for item in out.scheduled]
+
+
+def test_running_decodes_come_first_then_admission_within_budget(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=32, budget=8)
+    a, b, c = make_seq("a", list(range(3))), make_seq("b", list(range(10, 13))), make_seq("c", list(range(20, 30)))
+    for seq in (a, b):
+        h.scheduler.add(seq)
+    assert plan(h.step()) == [("a", 3), ("b", 3)]
+    h.scheduler.add(c)
+    # a and b decode one token each; c gets the 6 tokens left in the budget (chunked).
+    assert plan(h.step()) == [("a", 1), ("b", 1), ("c", 6)]
+    assert plan(h.step()) == [("a", 1), ("b", 1), ("c", 4)]
+    assert c.num_output_tokens == 1 and a.num_output_tokens == 3
+
+
+def test_long_prompt_is_prefilled_in_chunks_and_sampled_once(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=32, budget=4)
+    seq = make_seq("long", list(range(10)))
+    h.scheduler.add(seq)
+    assert [plan(h.step()) for _ in range(4)] == [[("long", 4)], [("long", 4)], [("long", 2)], [("long", 1)]]
+    assert seq.num_output_tokens == 2  # sampled after the last chunk and after the decode
+
+
+def test_prefix_cache_hit_skips_computed_full_blocks(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=32, budget=64)
+    shared = list(range(100, 109))  # 9 tokens: two full blocks of 4 and one more
+    first = make_seq("first", shared)
+    h.scheduler.add(first)
+    h.step()
+    second = make_seq("second", [*shared[:8], 7, 7, 7])
+    h.scheduler.add(second)
+    out = h.step()
+    assert ("second", 3) in plan(out)  # only the tokens after the two cached blocks
+    assert second.num_cached_tokens == 8
+    assert h.blocks.block_table("second")[:2] == h.blocks.block_table("first")[:2]
+
+
+def test_whole_prompt_cached_still_computes_its_last_token(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=32, budget=64)
+    prompt = list(range(8))  # exactly two blocks
+    h.scheduler.add(make_seq("x", prompt))
+    h.step()
+    again = make_seq("y", prompt)
+    h.scheduler.add(again)
+    assert ("y", 4) in plan(h.step())  # one block hit; the last block is recomputed for logits
+    assert again.num_cached_tokens == 4
+
+
+def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=4, budget=64)
+    old, new = make_seq("old", list(range(7)), max_new=20), make_seq("new", list(range(50, 57)), max_new=20)
+    h.scheduler.add(old)
+    h.scheduler.add(new)
+    assert plan(h.step()) == [("old", 7), ("new", 7)]  # 2 blocks each: the pool is full
+    assert plan(h.step()) == [("old", 1), ("new", 1)]  # token 8 still fits in the second block
+    out = h.step()  # both need a third block for token 9
+    assert [s.seq_id for s in out.preempted] == ["new"]
+    assert plan(out) == [("old", 1)]
+    assert new.status is Status.WAITING and new.num_computed_tokens == 0 and new.num_preemptions == 1
+    assert h.scheduler.waiting == [new]
+    h.scheduler.remove(old)
+    out = h.step()
+    # Its blocks were released tail first, so "old" evicted the tail and the head block is still in
+    # the prefix cache: of its 9 tokens (prompt + 2 outputs) only the last 5 are recomputed.
+    assert plan(out) == [("new", 5)]
+    assert new.num_cached_tokens == 0  # cache hits on recompute are not reported as prompt caching
+
+
+def test_priority_policy_admits_and_preempts_by_priority(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=4, budget=64, policy="priority")
+    low, high = make_seq("low", list(range(7)), priority=5), make_seq("high", list(range(50, 57)), priority=0)
+    h.scheduler.add(low)
+    h.scheduler.add(high)
+    assert plan(h.step()) == [("high", 7), ("low", 7)]
+    h.step()
+    out = h.step()
+    assert [s.seq_id for s in out.preempted] == ["low"]
+
+
+def test_running_cap_limits_admission(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=32, budget=64, max_running=2)
+    for i in range(3):
+        h.scheduler.add(make_seq(f"s{i}", [i, i + 1]))
+    assert [rid for rid, _ in plan(h.step())] == ["s0", "s1"]
+    assert [s.seq_id for s in h.scheduler.waiting] == ["s2"]
+
+
+def test_remove_frees_blocks_of_running_and_waiting(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=8, budget=64)
+    a, b = make_seq("a", list(range(6))), make_seq("b", list(range(10, 16)))
+    h.scheduler.add(a)
+    h.step()
+    h.scheduler.add(b)
+    h.scheduler.remove(a)
+    h.scheduler.remove(b)
+    assert h.blocks.usage == 0.0 and not h.scheduler.has_work()
