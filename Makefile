@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -37,11 +37,17 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy turnout services gateway
+	$(VENV)/bin/mypy turnout services gateway benchmarks
 
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# Engine throughput vs transformers, prefix-cache speed-up, scheduler overhead (docs/benchmarks.md).
+bench-engine: model
+	$(PY) -m benchmarks.bench_engine $(ARGS)
+
+bench: bench-engine
 
 proto: install
 	$(PY) -m turnout.protogen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -131,3 +132,37 @@ def test_cancelled_stream_frees_the_engine(client: openai.OpenAI, model: str, ti
         time.sleep(0.1)
     load = tiny_stack.engine_load()
     assert (load.running_requests, load.waiting_requests) == (0, 0)
+
+
+def test_many_concurrent_streams_each_equal_their_solo_result(
+    client: openai.OpenAI, model: str, tiny_stack: Stack
+) -> None:
+    prompts = [f"Request number {i}: tell me about {'cats ' * (i % 5 + 1)}" for i in range(16)]
+    kwargs = {"model": model, "max_tokens": 16, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    solo = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in prompts]  # type: ignore[call-overload]
+    peak_running = 0
+
+    async def stream_one(aclient: openai.AsyncOpenAI, prompt: str) -> str:
+        chunks = await aclient.completions.create(prompt=prompt, stream=True, **kwargs)  # type: ignore[call-overload]
+        return "".join([c.choices[0].text async for c in chunks if c.choices])
+
+    async def watch_load(done: asyncio.Event) -> None:
+        nonlocal peak_running
+        while not done.is_set():
+            load = await asyncio.to_thread(tiny_stack.engine_load)
+            peak_running = max(peak_running, load.running_requests)
+            await asyncio.sleep(0.02)
+
+    async def run_all() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=f"{tiny_stack.base_url}/v1", api_key="unused", max_retries=0)
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch_load(done))
+        try:
+            return list(await asyncio.gather(*(stream_one(aclient, p) for p in prompts)))
+        finally:
+            done.set()
+            await watcher
+            await aclient.close()
+
+    assert asyncio.run(run_all()) == solo
+    assert peak_running > 1, "the engine never batched the concurrent streams"

@@ -1,0 +1,208 @@
+"""Engine benchmarks on this machine (CPU or GPU), all measured in one run so ratios compare:
+
+1. throughput: N requests (random prompt lengths, fixed output length, ignore_eos, greedy)
+   through our engine vs Hugging Face `transformers.generate` in static batches;
+2. shared prefix: requests sharing a long prefix, prefix caching on vs off;
+3. scheduler overhead: time per step outside the model forward, at a given number of
+   running requests.
+
+    python -m benchmarks.bench_engine [--model PATH] [--requests 64] [--output-len 128]
+
+Prints a Markdown table (the format of docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from services.engine.config import EngineConfig
+from services.engine.llm_engine import LLMEngine
+from services.engine.model_loader import load_model
+from services.engine.request import EngineRequest
+from services.engine.sampling import resolve
+from turnout.v1 import common_pb2
+
+
+def make_prompts(
+    count: int, low: int, high: int, seed: int, vocab: int, prefix: list[int] | None = None
+) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [(prefix or []) + [rng.randrange(3, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
+
+
+def engine_requests(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: str) -> list[EngineRequest]:
+    params = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=output_len, ignore_eos=True)
+    info = engine.loaded.info
+    return [
+        EngineRequest(
+            f"{tag}{i}",
+            tuple(p),
+            resolve(params, info.generation_defaults, prompt_len=len(p), max_model_len=info.max_context_length),
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+def run_engine(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[float, int, list[tuple[float, float, int]]]:
+    """Seconds, generated tokens, and per step (total s, forward s, running sequences)."""
+    forward_time = 0.0
+    original: Callable[..., torch.Tensor] = engine.runner.run
+
+    def timed(batch: object) -> torch.Tensor:
+        nonlocal forward_time
+        start = time.perf_counter()
+        logits = original(batch)
+        if logits.is_cuda:
+            torch.cuda.synchronize()
+        forward_time += time.perf_counter() - start
+        return logits
+
+    engine.runner.run = timed  # type: ignore[method-assign]
+    steps: list[tuple[float, float, int]] = []
+    generated = 0
+    for request in requests:
+        engine.add_request(request)
+    start = time.perf_counter()
+    while engine.has_work():
+        forward_time = 0.0
+        step_start = time.perf_counter()
+        running = len(engine.scheduler.running)
+        outputs = engine.step()
+        steps.append((time.perf_counter() - step_start, forward_time, running))
+        generated += sum(len(o.output.token_ids) for o in outputs)
+    engine.runner.run = original  # type: ignore[method-assign]
+    return time.perf_counter() - start, generated, steps
+
+
+def run_transformers(
+    model_dir: Path,
+    prompts: list[list[int]],
+    output_len: int,
+    batch_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[float, int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    torch.nn.Module.to(model, device).eval()  # transformers' own `to` stub confuses mypy
+    generated = 0
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i : i + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=device)  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
+        with torch.inference_mode():
+            out = model.generate(  # type: ignore[misc]
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        assert isinstance(out, torch.Tensor)
+        generated += (out.shape[1] - width) * len(chunk)
+    return time.perf_counter() - start, generated
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(32, 256))
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[16, 64], help="static batch sizes tried")
+    parser.add_argument("--prefix-requests", type=int, default=32)
+    parser.add_argument("--prefix-len", type=int, default=512)
+    parser.add_argument("--overhead-running", type=int, default=32)
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+
+    if args.model is None:
+        from turnout.default_model import prepare_default_model
+
+        args.model = prepare_default_model()
+    config = EngineConfig(model=args.model, max_running_requests=max(args.requests, args.overhead_running))
+    loaded = load_model(config)
+    vocab = loaded.vocab_size
+    rows: list[tuple[str, str]] = [
+        ("model", f"{args.model.name} ({loaded.info.dtype}, {loaded.device})"),
+        ("threads", str(torch.get_num_threads())),
+    ]
+
+    # 1. Throughput.
+    low, high = args.prompt_len
+    prompts = make_prompts(args.requests, low, high, seed=0, vocab=vocab)
+    engine = LLMEngine(config, loaded)
+    ours_s, ours_tokens, _ = run_engine(engine, engine_requests(engine, prompts, args.output_len, "t"))
+    ours_tps = ours_tokens / ours_s
+    rows.append(
+        (
+            f"turnout: {args.requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]}, "
+            f"{args.output_len} out",
+            f"{ours_tokens} tokens in {ours_s:.1f} s = **{ours_tps:.1f} tok/s**",
+        )
+    )
+    if not args.skip_transformers:
+        best = 0.0
+        for batch_size in args.hf_batch_sizes:
+            hf_s, hf_tokens = run_transformers(
+                args.model, prompts, args.output_len, batch_size, loaded.device, loaded.dtype
+            )
+            best = max(best, hf_tokens / hf_s)
+            rows.append(
+                (
+                    f"transformers.generate, static batches of {batch_size}",
+                    f"{hf_tokens} tokens in {hf_s:.1f} s = **{hf_tokens / hf_s:.1f} tok/s**",
+                )
+            )
+        rows.append(("throughput ratio turnout / best transformers", f"**{ours_tps / best:.2f}x**"))
+
+    # 2. Shared prefix: prefix caching on vs off.
+    prefix = make_prompts(1, args.prefix_len, args.prefix_len, seed=1, vocab=vocab)[0]
+    shared = make_prompts(args.prefix_requests, 8, 24, seed=2, vocab=vocab, prefix=prefix)
+    timings = {}
+    for caching in (True, False):
+        engine = LLMEngine(
+            EngineConfig(model=args.model, enable_prefix_caching=caching, max_running_requests=args.prefix_requests),
+            loaded,
+        )
+        timings[caching], _, _ = run_engine(engine, engine_requests(engine, shared, 16, "p"))
+    rows.append(
+        (
+            f"shared prefix: {args.prefix_requests} requests, {args.prefix_len}-token prefix, 16 out",
+            f"cache on {timings[True]:.1f} s, off {timings[False]:.1f} s = "
+            f"**{timings[False] / timings[True]:.2f}x** faster",
+        )
+    )
+
+    # 3. Scheduler overhead at N running decodes.
+    engine = LLMEngine(EngineConfig(model=args.model, max_running_requests=args.overhead_running), loaded)
+    overhead_prompts = make_prompts(args.overhead_running, 64, 64, seed=3, vocab=vocab)
+    _, _, steps = run_engine(engine, engine_requests(engine, overhead_prompts, 32, "o"))
+    decode = [(total, fwd) for total, fwd, running in steps if running == args.overhead_running]
+    total = sum(t for t, _ in decode)
+    outside = sum(t - f for t, f in decode)
+    rows.append(
+        (
+            f"step time outside the forward, {args.overhead_running} running ({len(decode)} decode steps)",
+            f"{1000 * outside / max(len(decode), 1):.1f} ms of {1000 * total / max(len(decode), 1):.1f} ms"
+            f" = **{100 * outside / max(total, 1e-9):.1f}%**",
+        )
+    )
+
+    print("| measurement | result |\n| --- | --- |")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+
+
+if __name__ == "__main__":
+    main()
