@@ -166,3 +166,16 @@ def test_many_concurrent_streams_each_equal_their_solo_result(
 
     assert asyncio.run(run_all()) == solo
     assert peak_running > 1, "the engine never batched the concurrent streams"
+
+
+def test_repeated_prompt_reports_prefix_cache_hits(client: openai.OpenAI, model: str, tiny_stack: Stack) -> None:
+    prompt = list(range(1000, 1040))  # 40 tokens: two full 16-token blocks can be reused
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    first = httpx.post(f"{tiny_stack.base_url}/generate", json=body, timeout=60).json()
+    second = httpx.post(f"{tiny_stack.base_url}/generate", json=body, timeout=60).json()
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] == 32
+    assert second["output_ids"] == first["output_ids"]
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0)
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    assert reply.usage.prompt_tokens_details.cached_tokens == 32
