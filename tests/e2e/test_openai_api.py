@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
+import grpc
 import httpx
 import openai
 import pytest
 
 from tests.e2e.stack import Stack
+from turnout.v1 import engine_pb2, engine_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
@@ -138,33 +141,41 @@ def test_many_concurrent_streams_each_equal_their_solo_result(
     client: openai.OpenAI, model: str, tiny_stack: Stack
 ) -> None:
     prompts = [f"Request number {i}: tell me about {'cats ' * (i % 5 + 1)}" for i in range(16)]
-    kwargs = {"model": model, "max_tokens": 16, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    kwargs = {"model": model, "max_tokens": 48, "temperature": 0, "extra_body": {"ignore_eos": True}}
     solo = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in prompts]  # type: ignore[call-overload]
+
+    # The engine's own count of running requests, polled over one channel while the streams run.
     peak_running = 0
+    stop = threading.Event()
+
+    def watch_load() -> None:
+        nonlocal peak_running
+        with grpc.insecure_channel(f"127.0.0.1:{tiny_stack.engine_port}") as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            while not stop.is_set():
+                load = stub.GetLoad(engine_pb2.GetLoadRequest(), timeout=5)
+                peak_running = max(peak_running, load.running_requests)
+                time.sleep(0.005)
 
     async def stream_one(aclient: openai.AsyncOpenAI, prompt: str) -> str:
         chunks = await aclient.completions.create(prompt=prompt, stream=True, **kwargs)  # type: ignore[call-overload]
         return "".join([c.choices[0].text async for c in chunks if c.choices])
 
-    async def watch_load(done: asyncio.Event) -> None:
-        nonlocal peak_running
-        while not done.is_set():
-            load = await asyncio.to_thread(tiny_stack.engine_load)
-            peak_running = max(peak_running, load.running_requests)
-            await asyncio.sleep(0.02)
-
     async def run_all() -> list[str]:
         aclient = openai.AsyncOpenAI(base_url=f"{tiny_stack.base_url}/v1", api_key="unused", max_retries=0)
-        done = asyncio.Event()
-        watcher = asyncio.create_task(watch_load(done))
         try:
             return list(await asyncio.gather(*(stream_one(aclient, p) for p in prompts)))
         finally:
-            done.set()
-            await watcher
             await aclient.close()
 
-    assert asyncio.run(run_all()) == solo
+    watcher = threading.Thread(target=watch_load)
+    watcher.start()
+    try:
+        streamed = asyncio.run(run_all())
+    finally:
+        stop.set()
+        watcher.join()
+    assert streamed == solo
     assert peak_running > 1, "the engine never batched the concurrent streams"
 
 
