@@ -16,19 +16,29 @@ from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.request import EngineRequest
 from services.engine.sampling import resolve
+from tests.engine.model_fixtures import ARCHITECTURES, build_tiny_checkpoint
 from turnout.v1 import common_pb2
 
 MAX_NEW = 12
+# The tiny Llama with SmolLM2's real tokenizer, and a tiny random checkpoint of every architecture.
+CHECKPOINTS = ["llama_smollm_tokenizer", *[name for name in ARCHITECTURES if name != "llama"]]
+
+
+@pytest.fixture(scope="module", params=CHECKPOINTS)
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if request.param == "llama_smollm_tokenizer":
+        return Path(request.getfixturevalue("tiny_model_dir"))
+    return build_tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(EngineConfig(model=tiny_model_dir))
+def loaded(model_dir: Path) -> LoadedModel:
+    return load_model(EngineConfig(model=model_dir))
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+def reference(model_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def hf_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new: int = MAX_NEW) -> list[int]:
@@ -39,7 +49,9 @@ def hf_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new: int = MAX_
 
 def request(loaded: LoadedModel, rid: str, prompt: Sequence[int], max_new: int = MAX_NEW) -> EngineRequest:
     params = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new, ignore_eos=True)
-    settings = resolve(params, loaded.info.generation_defaults, prompt_len=len(prompt), max_model_len=4096)
+    settings = resolve(
+        params, loaded.info.generation_defaults, prompt_len=len(prompt), max_model_len=loaded.max_model_len
+    )
     return EngineRequest(rid, tuple(prompt), settings)
 
 
@@ -63,47 +75,50 @@ def run(engine: LLMEngine, arrivals: dict[int, list[EngineRequest]]) -> tuple[di
     return tokens, cached
 
 
-def prompts(count: int, seed: int, low: int = 3, high: int = 40, prefix: Sequence[int] = ()) -> list[list[int]]:
+def prompts(
+    loaded: LoadedModel, count: int, seed: int, low: int = 3, high: int = 40, prefix: Sequence[int] = ()
+) -> list[list[int]]:
     rng = random.Random(seed)
-    return [list(prefix) + [rng.randrange(3, 49000) for _ in range(rng.randint(low, high))] for _ in range(count)]
+    vocab = loaded.vocab_size
+    return [list(prefix) + [rng.randrange(3, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
 
 
-def make_engine(tiny_model_dir: Path, loaded: LoadedModel, **options: object) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=tiny_model_dir, **options), loaded)  # type: ignore[arg-type]
+def make_engine(model_dir: Path, loaded: LoadedModel, **options: object) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=model_dir, **options), loaded)  # type: ignore[arg-type]
 
 
-def test_single_request(tiny_model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module) -> None:
-    prompt = prompts(1, seed=0)[0]
-    tokens, _ = run(make_engine(tiny_model_dir, loaded, num_kv_blocks=64), {0: [request(loaded, "one", prompt)]})
+def test_single_request(model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module) -> None:
+    prompt = prompts(loaded, 1, seed=0)[0]
+    tokens, _ = run(make_engine(model_dir, loaded, num_kv_blocks=64), {0: [request(loaded, "one", prompt)]})
     assert tokens["one"] == hf_greedy(reference, prompt)
 
 
 def test_sixteen_staggered_concurrent_requests(
-    tiny_model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module
+    model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module
 ) -> None:
-    batch = prompts(16, seed=1)
+    batch = prompts(loaded, 16, seed=1)
     arrivals = {i // 2 * 3: [] for i in range(16)}  # two new requests every third step
     for i, prompt in enumerate(batch):
         arrivals[i // 2 * 3].append(request(loaded, f"r{i}", prompt))
-    tokens, _ = run(make_engine(tiny_model_dir, loaded, num_kv_blocks=256), arrivals)
+    tokens, _ = run(make_engine(model_dir, loaded, num_kv_blocks=256), arrivals)
     for i, prompt in enumerate(batch):
         assert tokens[f"r{i}"] == hf_greedy(reference, prompt), f"request r{i}"
 
 
 def test_tiny_token_budget_chunks_every_prompt(
-    tiny_model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module
+    model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module
 ) -> None:
-    batch = prompts(4, seed=2, low=20, high=45)
-    engine = make_engine(tiny_model_dir, loaded, num_kv_blocks=128, max_num_batched_tokens=7)
+    batch = prompts(loaded, 4, seed=2, low=20, high=45)
+    engine = make_engine(model_dir, loaded, num_kv_blocks=128, max_num_batched_tokens=7)
     tokens, _ = run(engine, {0: [request(loaded, f"c{i}", p) for i, p in enumerate(batch)]})
     for i, prompt in enumerate(batch):
         assert tokens[f"c{i}"] == hf_greedy(reference, prompt)
 
 
-def test_shared_prefixes_hit_the_cache(tiny_model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module) -> None:
-    system = prompts(1, seed=3, low=40, high=40)[0]  # 40 shared tokens = 2 full blocks of 16
-    batch = prompts(5, seed=4, low=2, high=10, prefix=system)
-    engine = make_engine(tiny_model_dir, loaded, num_kv_blocks=128)
+def test_shared_prefixes_hit_the_cache(model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module) -> None:
+    system = prompts(loaded, 1, seed=3, low=40, high=40)[0]  # 40 shared tokens = 2 full blocks of 16
+    batch = prompts(loaded, 5, seed=4, low=2, high=10, prefix=system)
+    engine = make_engine(model_dir, loaded, num_kv_blocks=128)
     arrivals = {0: [request(loaded, "p0", batch[0])], 2: [request(loaded, f"p{i}", batch[i]) for i in range(1, 5)]}
     tokens, cached = run(engine, arrivals)
     for i, prompt in enumerate(batch):
@@ -112,9 +127,9 @@ def test_shared_prefixes_hit_the_cache(tiny_model_dir: Path, loaded: LoadedModel
     assert all(cached[f"p{i}"] == 32 for i in range(1, 5))
 
 
-def test_small_cache_forces_preemption(tiny_model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module) -> None:
-    batch = prompts(6, seed=5, low=25, high=40)
-    engine = make_engine(tiny_model_dir, loaded, num_kv_blocks=10)
+def test_small_cache_forces_preemption(model_dir: Path, loaded: LoadedModel, reference: torch.nn.Module) -> None:
+    batch = prompts(loaded, 6, seed=5, low=25, high=40)
+    engine = make_engine(model_dir, loaded, num_kv_blocks=10)
     preempted: list[str] = []
     original = engine.scheduler._preempt
 
@@ -129,16 +144,16 @@ def test_small_cache_forces_preemption(tiny_model_dir: Path, loaded: LoadedModel
         assert tokens[f"e{i}"] == hf_greedy(reference, prompt, max_new=20)
 
 
-def test_request_larger_than_the_whole_cache_is_refused(tiny_model_dir: Path, loaded: LoadedModel) -> None:
+def test_request_larger_than_the_whole_cache_is_refused(model_dir: Path, loaded: LoadedModel) -> None:
     from turnout.errors import InvalidArgument
 
-    engine = make_engine(tiny_model_dir, loaded, num_kv_blocks=2)
+    engine = make_engine(model_dir, loaded, num_kv_blocks=2)
     with pytest.raises(InvalidArgument, match="KV cache holds 32 tokens"):
         engine.add_request(request(loaded, "big", list(range(3, 30)), max_new=10))
 
 
-def test_abort_mid_generation_frees_every_block(tiny_model_dir: Path, loaded: LoadedModel) -> None:
-    engine = make_engine(tiny_model_dir, loaded, num_kv_blocks=64)
+def test_abort_mid_generation_frees_every_block(model_dir: Path, loaded: LoadedModel) -> None:
+    engine = make_engine(model_dir, loaded, num_kv_blocks=64)
     engine.add_request(request(loaded, "a", list(range(3, 40)), max_new=100))
     for _ in range(5):
         engine.step()
@@ -148,3 +163,14 @@ def test_abort_mid_generation_frees_every_block(tiny_model_dir: Path, loaded: Lo
     assert [o.output.finish.kind for o in outs if o.output.finish] == ["abort"]  # type: ignore[union-attr]
     assert engine.block_manager.usage == 0.0 and not engine.has_work()
     engine.block_manager.check_integrity()
+
+
+def test_default_model_staggered_batch(default_model_dir: Path) -> None:
+    """The pretrained default model (30 layers, GQA 9/3) through the engine vs transformers."""
+    loaded = load_model(EngineConfig(model=default_model_dir))
+    reference = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+    batch = prompts(loaded, 4, seed=6, low=5, high=30)
+    arrivals = {0: [request(loaded, "d0", batch[0], 8)], 2: [request(loaded, f"d{i}", batch[i], 8) for i in (1, 2, 3)]}
+    tokens, _ = run(make_engine(default_model_dir, loaded, num_kv_blocks=64), arrivals)
+    for i, prompt in enumerate(batch):
+        assert tokens[f"d{i}"] == hf_greedy(reference, prompt, max_new=8)
