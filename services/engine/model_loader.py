@@ -69,15 +69,20 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+def pick_dtype(name: str, device: torch.device, checkpoint_dtype: object = None) -> torch.dtype:
+    """`auto`: float32 on CPU; on CUDA the checkpoint's own half-precision dtype, else bfloat16."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type != "cuda":
+        return torch.float32
+    declared = str(checkpoint_dtype).removeprefix("torch.")
+    return torch.float16 if declared == "float16" else torch.bfloat16
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
     device = pick_device(config.device)
-    dtype = pick_dtype(config.dtype, device)
+    declared = _read_json(config.model / "config.json")
+    dtype = pick_dtype(config.dtype, device, declared.get("torch_dtype") or declared.get("dtype"))
     model, hf_config = build_model(config.model, dtype, device)
     context = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:
@@ -109,12 +114,15 @@ def load_model(config: EngineConfig) -> LoadedModel:
     )
 
 
-def _read_generation_config(folder: Path) -> dict[str, object]:
-    path = folder / "generation_config.json"
+def _read_json(path: Path) -> dict[str, object]:
     if not path.is_file():
         return {}
     data = json.loads(path.read_text())
     return data if isinstance(data, dict) else {}
+
+
+def _read_generation_config(folder: Path) -> dict[str, object]:
+    return _read_json(folder / "generation_config.json")
 
 
 def _eos_ids(*values: object) -> set[int]:

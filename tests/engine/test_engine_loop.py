@@ -147,3 +147,19 @@ def test_model_info_reads_the_folder(loaded: LoadedModel, tiny_model_dir: Path) 
     assert list(info.eos_token_ids) == [2]
     assert info.max_context_length == 4096 and info.vocab_size == 49152
     assert info.architecture == "LlamaForCausalLM" and info.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "declared", "expected"),
+    [
+        ("auto", "cpu", "bfloat16", torch.float32),
+        ("auto", "cuda", "bfloat16", torch.bfloat16),
+        ("auto", "cuda", "float16", torch.float16),
+        ("auto", "cuda", "float32", torch.bfloat16),
+        ("float16", "cpu", "bfloat16", torch.float16),
+    ],
+)
+def test_dtype_choice(name: str, device: str, declared: str, expected: torch.dtype) -> None:
+    from services.engine.model_loader import pick_dtype
+
+    assert pick_dtype(name, torch.device(device), declared) == expected
