@@ -17,6 +17,8 @@ MIXED = [(0, 5), (7, 3), (13, 1), (2, 9), (16, 16)]  # (cached prefix, new token
 DECODE = [(9, 1), (0, 1), (31, 1), (3, 1), (15, 1), (16, 1)]
 # Enough decoding sequences of spread-out lengths for the backend to split them into length groups.
 MANY_DECODE = [((7 * i) % 23, 1) for i in range(26)]
+# Prefill chunks among many decodes: each sequence takes its own path within one batch.
+MIXED_MANY = [*MANY_DECODE[:13], *MIXED, *MANY_DECODE[13:]]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
@@ -92,7 +94,9 @@ def run_case(
 
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("lengths", [MIXED, DECODE, MANY_DECODE], ids=["mixed", "decode", "decode-grouped"])
+@pytest.mark.parametrize(
+    "lengths", [MIXED, DECODE, MANY_DECODE, MIXED_MANY], ids=["mixed", "decode", "decode-grouped", "mixed-grouped"]
+)
 def test_matches_reference(lengths: list[tuple[int, int]], dtype: torch.dtype, block_size: int) -> None:
     run_case(lengths, num_heads=4, num_kv_heads=2, block_size=block_size, dtype=dtype)
 

@@ -2,11 +2,13 @@
 are tested against.
 
 Two paths over the same cache layout (see context.py):
-- decode-only batches (one new token per sequence): every sequence's K/V is gathered by its
-  block table into one padded (B, max_len, Hkv, D) tensor and attended in ONE batched SDPA
-  call with a key-padding mask;
-- any batch with a prefill chunk: a loop over sequences, each a causal SDPA whose mask is
-  shifted by the sequence's cached prefix (query i sits at position L - q + i).
+- decoding sequences (one new token each): their K/V is gathered by block table into padded
+  (b, max_len, Hkv, D) tensors, a few length groups at a time, each attended in ONE batched
+  SDPA call with a key-padding mask;
+- sequences with a prefill chunk: a loop over them, each a causal SDPA whose mask is shifted
+  by the sequence's cached prefix (query i sits at position L - q + i).
+A batch mixing both sends each sequence down its own path, so one new prompt's chunk does not
+turn every running decode into a separate SDPA call.
 
 Slots past a sequence's length are never trusted: they may hold another request's stale K/V
 (even NaN), so the prefill path slices them off and the decode path gathers padding from the
@@ -40,7 +42,12 @@ class TorchAttentionBackend(AttentionBackend):
         self._store(k_cache, v_cache, k, v, ctx.slot_mapping)
         if ctx.is_decode_only:
             return self._decode(q, k_cache, v_cache, ctx)
-        return self._prefill(q, k, v, k_cache, v_cache, ctx)
+        out = torch.empty_like(q)  # (T, Hq, D)
+        decoding, rows = self._decoding_rows(ctx, q.device)
+        self._prefill(out, q, k, v, k_cache, v_cache, ctx, skip=decoding)
+        if decoding:
+            out[rows] = self._decode(q[rows], k_cache, v_cache, ctx)
+        return out
 
     @staticmethod
     def _store(
@@ -51,10 +58,24 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k.to(k_cache.dtype))  # (N*bs, Hkv, D)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v.to(v_cache.dtype))  # (N*bs, Hkv, D)
 
+    @staticmethod
+    def _decoding_rows(ctx: ForwardContext, device: torch.device) -> tuple[frozenset[int], torch.Tensor]:
+        """In a mixed batch: the sequences bringing one token, and those tokens' rows (once per batch)."""
+        if "decoding_rows" not in ctx.scratch:
+            starts = [0]
+            for n in ctx.query_lens_cpu:
+                starts.append(starts[-1] + n)
+            decoding = [b for b, n in enumerate(ctx.query_lens_cpu) if n == 1]
+            ctx.scratch["decoding_rows"] = torch.tensor([starts[b] for b in decoding], device=device)
+            ctx.scratch["decoding_seqs"] = torch.tensor(decoding, device=device)
+        seqs = ctx.scratch["decoding_seqs"]
+        return frozenset(seqs.tolist()), ctx.scratch["decoding_rows"]
+
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        batch, num_heads, head_dim = q.shape  # T == B: one token per sequence
+        """q (b, Hq, D): one token of each decoding sequence of ctx, in batch order."""
+        batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         # GQA without repeating K/V: the `group` query heads sharing a KV head become that head's
         # query rows; they all sit at the same position, so one key mask serves them all.
@@ -89,7 +110,12 @@ class TorchAttentionBackend(AttentionBackend):
         cached = ctx.scratch.get("decode_groups")
         if cached is not None:
             return cached  # type: ignore[return-value]
-        lengths = ctx.seq_lens_cpu
+        # The decoding sequences (all of them, or those of a mixed batch), in batch order.
+        subset = None if ctx.is_decode_only else ctx.scratch["decoding_seqs"]
+        index = list(range(ctx.num_sequences)) if subset is None else subset.tolist()
+        lengths = [ctx.seq_lens_cpu[b] for b in index]
+        all_tables = ctx.block_tables if subset is None else ctx.block_tables[subset]  # (b, nb)
+        all_lens = ctx.seq_lens if subset is None else ctx.seq_lens[subset]  # (b,)
         num_groups = max(1, min(DECODE_MAX_GROUPS, len(lengths) // DECODE_MIN_GROUP))
         order = sorted(range(len(lengths)), key=lengths.__getitem__)
         size = -(-len(order) // num_groups)
@@ -97,8 +123,8 @@ class TorchAttentionBackend(AttentionBackend):
         for start in range(0, len(order), size):
             rows = order[start : start + size]
             members = None if num_groups == 1 else torch.tensor(rows, device=device)
-            tables = ctx.block_tables if members is None else ctx.block_tables[members]  # (b, nb)
-            seq_lens = ctx.seq_lens if members is None else ctx.seq_lens[members]  # (b,)
+            tables = all_tables if members is None else all_tables[members]  # (g, nb)
+            seq_lens = all_lens if members is None else all_lens[members]  # (g,)
             positions = torch.arange(max(lengths[r] for r in rows), device=device)  # (L,)
             valid = positions[None, :] < seq_lens[:, None]  # (b, L)
             block_index = (positions // block_size).clamp(max=tables.shape[1] - 1).expand(len(rows), -1)
@@ -109,18 +135,23 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _prefill(
         self,
+        out: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         ctx: ForwardContext,
-    ) -> torch.Tensor:
+        skip: frozenset[int],
+    ) -> None:
+        """Write into out (T, Hq, D) the attention of every sequence not in `skip`."""
         block_size = k_cache.shape[1]
-        outputs: list[torch.Tensor] = []
         start = 0
         for b, (q_len, seq_len) in enumerate(zip(ctx.query_lens_cpu, ctx.seq_lens_cpu, strict=True)):
             end = start + q_len
+            if b in skip:
+                start = end
+                continue
             if q_len == seq_len:
                 # Nothing cached before this chunk: its own K/V are the whole sequence.
                 keys, values = k[start:end], v[start:end]  # (L, Hkv, D)
@@ -128,9 +159,8 @@ class TorchAttentionBackend(AttentionBackend):
                 blocks = ctx.block_tables[b, : -(-seq_len // block_size)]  # (nb,)
                 keys = k_cache[blocks].flatten(0, 1)[:seq_len]  # (L, Hkv, D)
                 values = v_cache[blocks].flatten(0, 1)[:seq_len]  # (L, Hkv, D)
-            outputs.append(self._causal(q[start:end], keys, values))
+            out[start:end] = self._causal(q[start:end], keys, values)
             start = end
-        return torch.cat(outputs)  # (T, Hq, D)
 
     def _causal(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """q (q, Hq, D) are the last q of L positions; keys/values (L, Hkv, D) -> (q, Hq, D)."""
