@@ -23,6 +23,7 @@ is where new token t's K/V go.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -40,8 +41,9 @@ class ForwardContext:
     # Host copies of the lengths, so backends can plan without a device sync.
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
-    # Values a backend derives from this batch once and reuses in every layer (e.g. gather indices).
-    scratch: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Values a backend derives from this batch once and reuses in every layer (gather indices,
+    # host-side lists), so no layer repeats the work or a device-to-host copy.
+    scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_sequences(self) -> int:

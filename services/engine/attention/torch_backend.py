@@ -68,8 +68,9 @@ class TorchAttentionBackend(AttentionBackend):
             decoding = [b for b, n in enumerate(ctx.query_lens_cpu) if n == 1]
             ctx.scratch["decoding_rows"] = torch.tensor([starts[b] for b in decoding], device=device)
             ctx.scratch["decoding_seqs"] = torch.tensor(decoding, device=device)
-        seqs = ctx.scratch["decoding_seqs"]
-        return frozenset(seqs.tolist()), ctx.scratch["decoding_rows"]
+            ctx.scratch["decoding_seqs_cpu"] = decoding
+            ctx.scratch["decoding_seqs_set"] = frozenset(decoding)
+        return ctx.scratch["decoding_seqs_set"], ctx.scratch["decoding_rows"]
 
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext
@@ -109,10 +110,10 @@ class TorchAttentionBackend(AttentionBackend):
         the valid-position mask. Computed once per batch and shared by all layers."""
         cached = ctx.scratch.get("decode_groups")
         if cached is not None:
-            return cached  # type: ignore[return-value]
+            return cached  # type: ignore[no-any-return]
         # The decoding sequences (all of them, or those of a mixed batch), in batch order.
         subset = None if ctx.is_decode_only else ctx.scratch["decoding_seqs"]
-        index = list(range(ctx.num_sequences)) if subset is None else subset.tolist()
+        index = list(range(ctx.num_sequences)) if subset is None else ctx.scratch["decoding_seqs_cpu"]
         lengths = [ctx.seq_lens_cpu[b] for b in index]
         all_tables = ctx.block_tables if subset is None else ctx.block_tables[subset]  # (b, nb)
         all_lens = ctx.seq_lens if subset is None else ctx.seq_lens[subset]  # (b,)
@@ -130,7 +131,7 @@ class TorchAttentionBackend(AttentionBackend):
             block_index = (positions // block_size).clamp(max=tables.shape[1] - 1).expand(len(rows), -1)
             slots = tables.gather(1, block_index) * block_size + positions % block_size  # (b, L)
             groups.append((members, torch.where(valid, slots, self.kv_cache.null_slot), valid))
-        ctx.scratch["decode_groups"] = groups  # type: ignore[assignment]
+        ctx.scratch["decode_groups"] = groups
         return groups
 
     def _prefill(
