@@ -163,3 +163,22 @@ def test_dtype_choice(name: str, device: str, declared: str, expected: torch.dty
     from services.engine.model_loader import pick_dtype
 
     assert pick_dtype(name, torch.device(device), declared) == expected
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("scheduling_policy", "lifo", "--scheduling-policy"),
+        ("num_kv_blocks", 0, "--num-kv-blocks"),
+        ("block_size", -4, "--block-size"),
+        ("kv_cache_memory_gib", -1.0, "--kv-cache-memory"),
+        ("max_num_batched_tokens", 0, "--max-num-batched-tokens"),
+        ("max_running_requests", 0, "--max-running-requests"),
+        ("dtype", "float8", "--dtype"),
+    ],
+)
+def test_engine_config_refuses_bad_values_naming_the_flag(
+    tiny_model_dir: Path, option: str, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(model=tiny_model_dir, **{option: value})  # type: ignore[arg-type]
