@@ -1,4 +1,4 @@
-"""The Tokenizer gRPC servicer: encode, decode and streaming detokenization."""
+"""The Tokenizer gRPC servicer: encode, decode, streaming detokenization and per-token texts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from services.tokenizer.detokenizer import IncrementalDetokenizer
 from services.tokenizer.stop_matcher import StopMatcher
 from services.tokenizer.text_tokenizer import TextTokenizer
 from turnout.errors import FailedPrecondition, InvalidArgument
-from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from turnout.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -64,29 +64,38 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             skip_special_tokens=_flag(start, "skip_special_tokens", True),
             spaces_between_special_tokens=_flag(start, "spaces_between_special_tokens", True),
         )
-        matcher = StopMatcher(start.stop, keep_stop=start.no_stop_trim)
+        # Compiled once per stream; a bad pattern fails the stream before any output.
+        matcher = StopMatcher(start.stop, regexes=start.stop_regex, keep_stop=start.no_stop_trim)
         ended = False
         async for message in requests:
             if message.WhichOneof("kind") != "tokens":
                 raise InvalidArgument("only `tokens` may follow `start` in a Detokenize stream")
             if ended:
-                raise FailedPrecondition("the sequence already ended (stop string matched or last chunk sent)")
+                raise FailedPrecondition("the sequence already ended (a stop matched or the last chunk was sent)")
             tokens = message.tokens
             if any(t >= vocab for t in tokens.token_ids):
                 raise InvalidArgument(f"token ids must be below the vocabulary size {vocab}")
             delta = detokenizer.push(tokens.token_ids)
             if tokens.last:
                 delta += detokenizer.flush()
-            result = matcher.push(delta)
-            if result.matched is not None:
-                ended = True
-                yield tokenizer_pb2.DetokenizeResponse(text=result.text, matched_stop=result.matched)
-                continue
-            text = result.text
-            if tokens.last:
-                ended = True
-                text += matcher.flush()
-            yield tokenizer_pb2.DetokenizeResponse(text=text)
+            result = matcher.push(delta, last=tokens.last)
+            ended = tokens.last or result.stopped
+            yield tokenizer_pb2.DetokenizeResponse(
+                text=result.text, matched_stop=result.matched_stop, matched_regex=result.matched_regex
+            )
+
+    async def EncodeTexts(
+        self, request: tokenizer_pb2.EncodeTextsRequest, context: aio.ServicerContext
+    ) -> tokenizer_pb2.EncodeTextsResponse:
+        add_special = _flag(request, "add_special_tokens", False)
+        encoded = self._tokenizer.encode_texts(list(request.texts), add_special_tokens=add_special)
+        return tokenizer_pb2.EncodeTextsResponse(ids=[common_pb2.TokenIds(ids=ids) for ids in encoded])
+
+    async def TokenTexts(
+        self, request: tokenizer_pb2.TokenTextsRequest, context: aio.ServicerContext
+    ) -> tokenizer_pb2.TokenTextsResponse:
+        texts, token_bytes = self._tokenizer.token_texts(request.token_ids)
+        return tokenizer_pb2.TokenTextsResponse(texts=texts, token_bytes=token_bytes)
 
 
 def _flag(message: object, name: str, default: bool) -> bool:

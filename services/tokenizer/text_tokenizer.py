@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from services.tokenizer.detokenizer import decode
+from services.tokenizer.token_table import TokenTable
 from turnout.errors import InvalidArgument
 
 
@@ -23,6 +24,7 @@ class TextTokenizer:
         self._hf: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model)
         self.backend: Tokenizer = self._hf.backend_tokenizer
         self._chat_template = _read_template(chat_template)
+        self._token_table = TokenTable(self.backend)
 
     @property
     def vocab_size(self) -> int:
@@ -30,6 +32,16 @@ class TextTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_texts(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> list[list[int]]:
+        """Each text encoded on its own, in order (an empty text gives no ids)."""
+        if not texts:
+            return []
+        return [list(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
+    def token_texts(self, ids: Sequence[int]) -> tuple[list[str], list[bytes]]:
+        """Each token decoded alone (special tokens kept) and its own bytes; see TokenTable."""
+        return self._token_table.lookup(ids)
 
     def decode(
         self, ids: Sequence[int], *, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
