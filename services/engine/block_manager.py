@@ -15,7 +15,7 @@ Sequence s holds block_tables[s]; entry j is the physical block of its positions
                                           key of the identical cached block
     prefix cache off                      no block ever has a key; evictable is always empty
 
-The scheduler's order per sequence: match_prefix() once while it has no blocks, allocate() before every
+The scheduler's order per sequence: match_prefix() (or fork()) once while it has no blocks, allocate() before every
 step (on False, free() undoes a prefix hit too), cache_full_blocks() after the step's K/V are written,
 free() when it finishes or is preempted.
 """
@@ -115,6 +115,19 @@ class BlockManager:
         self._num_query_tokens += len(token_ids)
         self._num_hit_tokens += len(blocks) * bs
         return len(blocks) * bs
+
+    def fork(self, parent_id: str, child_id: str, num_tokens: int) -> int:
+        """Start a child sequence without blocks on the parent's full blocks covering its first num_tokens
+        tokens (K/V already written), referencing each; return the tokens they cover. Works with prefix
+        caching off too: this is how the samples of one request share their prompt."""
+        if self._tables.get(child_id):
+            raise ValueError(f"fork into sequence {child_id!r}, which already has blocks")
+        shared = self._tables[parent_id][: num_tokens // self.block_size]
+        for block in shared:
+            self._pool.ref(block)
+        self._tables[child_id] = list(shared)
+        self._chains[child_id] = self._chains[parent_id][: len(shared)]
+        return len(shared) * self.block_size
 
     def allocate(self, seq_id: str, num_tokens: int) -> bool:
         """Grow the sequence's block table to cover num_tokens tokens (free blocks first, then evicting the

@@ -8,6 +8,8 @@ from pathlib import Path
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
+SAMPLING_DEFAULTS = ("model", "openai")
+LOGPROBS_MODES = ("processed", "raw")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_running_requests: int = 256
     scheduling_policy: str = "fcfs"
+    # Sampling: `model` takes unset parameters from generation_config.json, `openai` ignores it.
+    sampling_defaults: str = "model"
+    # Most alternatives per position a request may ask for (logprobs / top_logprobs / prompt_logprobs).
+    max_logprobs: int = 20
+    # `processed`: log-probabilities of the distribution sampled from (after bias, penalties and
+    # temperature); `raw`: of the model's logits.
+    logprobs_mode: str = "processed"
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -43,6 +52,12 @@ class EngineConfig:
             raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"--scheduling-policy must be one of {', '.join(POLICIES)}")
+        if self.sampling_defaults not in SAMPLING_DEFAULTS:
+            raise ValueError(f"--sampling-defaults must be one of {', '.join(SAMPLING_DEFAULTS)}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"--logprobs-mode must be one of {', '.join(LOGPROBS_MODES)}")
+        if self.max_logprobs < 0:
+            raise ValueError(f"--max-logprobs must be >= 0, got {self.max_logprobs}")
         positive = {
             "--max-model-len": self.max_model_len,
             "--block-size": self.block_size,

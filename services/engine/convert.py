@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from services.engine.config import EngineConfig
+from services.engine.logprobs import PositionLogprobs, TokenLogprob
 from services.engine.model_loader import LoadedModel
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
-from services.engine.sampling import resolve
+from services.engine.sampling_validation import Limits, resolve
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2, engine_pb2
 
 
-def request_from_proto(message: engine_pb2.EngineGenerateRequest, loaded: LoadedModel) -> EngineRequest:
+def request_from_proto(
+    message: engine_pb2.EngineGenerateRequest, loaded: LoadedModel, config: EngineConfig
+) -> EngineRequest:
     if not message.request_id:
         raise InvalidArgument("request_id must not be empty")
     if not message.input_ids:
@@ -18,47 +22,70 @@ def request_from_proto(message: engine_pb2.EngineGenerateRequest, loaded: Loaded
     bad = [t for t in message.input_ids if t >= vocab]
     if bad:
         raise InvalidArgument(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
-    options = message.logprob_options
-    if options.return_logprob or options.top_logprobs_num or options.token_ids_logprob:
-        raise InvalidArgument("logprobs are not supported by this engine yet")
-    if any(t >= vocab for t in message.sampling_params.stop_token_ids):
-        raise InvalidArgument(f"stop_token_ids must be below the vocabulary size {vocab}")
-    sampling = resolve(
-        message.sampling_params,
-        loaded.info.generation_defaults,
+    defaults = loaded.info.generation_defaults if config.sampling_defaults == "model" else common_pb2.SamplingParams()
+    limits = Limits(
         prompt_len=len(message.input_ids),
         max_model_len=loaded.max_model_len,
+        vocab_size=vocab,
+        max_logprobs=config.max_logprobs,
     )
+    sampling = resolve(message.sampling_params, defaults, limits, message.logprob_options)
     return EngineRequest(request_id=message.request_id, input_ids=tuple(message.input_ids), sampling=sampling)
 
 
 def finish_to_proto(finish: Finish, completion_tokens: int) -> common_pb2.FinishReason:
     if finish.kind == "stop":
-        return common_pb2.FinishReason(stop=common_pb2.FinishReason.Stop(token_id=finish.matched_token_id))
+        token = finish.matched_token_id
+        stop = (
+            common_pb2.FinishReason.Stop(eos_token_id=token)
+            if finish.eos
+            else common_pb2.FinishReason.Stop(token_id=token)
+        )
+        return common_pb2.FinishReason(stop=stop)
     if finish.kind == "length":
         return common_pb2.FinishReason(length=common_pb2.FinishReason.Length(length=completion_tokens))
     return common_pb2.FinishReason(abort=common_pb2.FinishReason.Abort(message=finish.message))
+
+
+def _token(token: TokenLogprob) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(token_id=token.token_id, logprob=token.logprob, rank=token.rank)
+
+
+def logprobs_to_proto(positions: list[PositionLogprobs]) -> list[common_pb2.PositionLogprobs]:
+    return [
+        common_pb2.PositionLogprobs(
+            token=_token(p.token), top=[_token(t) for t in p.top], requested=[_token(t) for t in p.requested]
+        )
+        for p in positions
+    ]
 
 
 def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
     if output.finish is None:
         return engine_pb2.EngineGenerateResponse(
             chunk=engine_pb2.EngineChunk(
+                index=output.index,
                 token_ids=output.token_ids,
+                logprobs=logprobs_to_proto(output.logprobs),
                 prompt_tokens=output.prompt_tokens,
                 completion_tokens=output.completion_tokens,
                 cached_tokens=output.cached_tokens,
+                input_logprobs=logprobs_to_proto(output.input_logprobs),
             )
         )
     return engine_pb2.EngineGenerateResponse(
         complete=engine_pb2.EngineComplete(
+            index=output.index,
             token_ids=output.token_ids,
+            logprobs=logprobs_to_proto(output.logprobs),
             finish_reason=finish_to_proto(output.finish, output.completion_tokens),
             usage=common_pb2.Usage(
                 prompt_tokens=output.prompt_tokens,
                 completion_tokens=output.completion_tokens,
                 cached_tokens=output.cached_tokens,
             ),
+            input_logprobs=logprobs_to_proto(output.input_logprobs),
+            cumulative_logprob=output.cumulative_logprob,
         )
     )
 

@@ -43,6 +43,7 @@ class _Add:
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+    indices: tuple[int, ...] = ()
 
 
 class EngineLoop:
@@ -77,7 +78,7 @@ class EngineLoop:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
-                if item.finished:
+                if item.request_finished:
                     finished = True
                     return
         finally:
@@ -86,11 +87,12 @@ class EngineLoop:
             with self._lock:
                 self._streams.pop(request.request_id, None)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, indices: tuple[int, ...] = ()) -> bool:
+        """Abort a request, or only the listed samples of it."""
         with self._lock:
             known = request_id in self._streams
         if known:
-            self._commands.put(_Abort(request_id))
+            self._commands.put(_Abort(request_id, indices))
         return known
 
     def load(self) -> LoadReport:
@@ -141,7 +143,7 @@ class EngineLoop:
                     if stream is not None:
                         stream.emit(exc)
             else:
-                self.engine.abort(command.request_id)
+                self.engine.abort(command.request_id, indices=command.indices)
             self._load = self.engine.load()
 
     def _fail_all(self, exc: Exception) -> None:

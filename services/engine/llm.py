@@ -22,18 +22,29 @@ from google.protobuf.json_format import ParseDict, ParseError
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
 from services.engine.request import EngineRequest, Finish
-from services.engine.sampling import resolve
+from services.engine.sampling_validation import Limits, resolve
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2
 
 
 @dataclass(frozen=True)
+class SampleOutput:
+    output_token_ids: list[int]
+    text: str
+    finish: Finish
+    cumulative_logprob: float
+
+
+@dataclass(frozen=True)
 class RequestOutput:
+    """One prompt's result: its first sample's fields, and every sample (n > 1) in `samples`."""
+
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     text: str
     finish: Finish
     cached_tokens: int
+    samples: list[SampleOutput]
 
 
 class LLM:
@@ -73,7 +84,9 @@ class LLM:
             self.engine.check_fits(request)
         for request in requests:
             self.engine.add_request(request)
-        return self._run({r.request_id: list(r.input_ids) for r in requests})
+        return self._run(
+            {r.request_id: list(r.input_ids) for r in requests}, {r.request_id: r.sampling.n for r in requests}
+        )
 
     def _request(self, prompt: str | Sequence[int], params: Mapping[str, Any]) -> EngineRequest:
         ids = self.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
@@ -84,25 +97,38 @@ class LLM:
         except ParseError as exc:
             raise InvalidArgument(f"sampling_params: {exc}") from None
         info = self.engine.loaded.info
-        settings = resolve(proto, info.generation_defaults, prompt_len=len(ids), max_model_len=info.max_context_length)
+        defaults = info.generation_defaults if self.engine.config.sampling_defaults == "model" else None
+        limits = Limits(len(ids), info.max_context_length, info.vocab_size, self.engine.config.max_logprobs)
+        settings = resolve(proto, defaults or common_pb2.SamplingParams(), limits)
         return EngineRequest(f"offline-{next(self._ids)}", tuple(ids), settings)
 
-    def _run(self, prompt_ids: dict[str, list[int]]) -> list[RequestOutput]:
-        """Step the engine until every request finished; outputs in the order of prompt_ids."""
+    def _run(self, prompt_ids: dict[str, list[int]], num_returned: dict[str, int]) -> list[RequestOutput]:
+        """Step the engine until every request finished; outputs in the order of prompt_ids. Of best_of
+        samples, the n with the highest cumulative log-probability are kept, best first."""
         pending = set(prompt_ids)
-        tokens: dict[str, list[int]] = {rid: [] for rid in prompt_ids}
-        done: dict[str, RequestOutput] = {}
+        tokens: dict[tuple[str, int], list[int]] = {}
+        samples: dict[str, dict[int, SampleOutput]] = {rid: {} for rid in prompt_ids}
+        cached: dict[str, int] = {}
         while pending:
             for step in self.engine.step():
-                if step.request_id not in pending:
+                rid, out = step.request_id, step.output
+                if rid not in pending:
                     continue
-                out = step.output
-                tokens[step.request_id] += out.token_ids
+                ids = tokens.setdefault((rid, out.index), [])
+                ids += out.token_ids
+                cached[rid] = out.cached_tokens
                 if out.finish is not None:
-                    pending.discard(step.request_id)
-                    ids = tokens[step.request_id]
                     text = cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))
-                    done[step.request_id] = RequestOutput(
-                        prompt_ids[step.request_id], ids, text, out.finish, out.cached_tokens
-                    )
-        return [done[rid] for rid in prompt_ids]
+                    samples[rid][out.index] = SampleOutput(ids, text, out.finish, out.cumulative_logprob)
+                if out.request_finished:
+                    pending.discard(rid)
+        results = []
+        for rid, prompt in prompt_ids.items():
+            ordered = [samples[rid][i] for i in sorted(samples[rid])]
+            if len(ordered) > num_returned[rid]:
+                ordered = sorted(ordered, key=lambda s: -s.cumulative_logprob)[: num_returned[rid]]
+            first = ordered[0]
+            results.append(
+                RequestOutput(prompt, first.output_token_ids, first.text, first.finish, cached[rid], ordered)
+            )
+        return results

@@ -9,18 +9,21 @@ gRPC service, `LLM` calls it directly for offline use. Nothing here knows gRPC.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
 from services.engine.block_manager import BlockManager
 from services.engine.config import EngineConfig
 from services.engine.kv_cache_sizing import num_kv_blocks
+from services.engine.logprobs import LogprobQuery, prompt_logprobs
 from services.engine.model_loader import LoadedModel, load_model
-from services.engine.model_runner import ModelRunner
+from services.engine.model_runner import Batch, ModelRunner, StepLogits
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
-from services.engine.sampler import sample
 from services.engine.scheduler import Policy, Scheduler
 from services.engine.sequence import Sequence
+from services.engine.sequence_group import SequenceGroup
+from services.engine.step_sampler import SampledToken, sample_step
 from turnout.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -46,7 +49,7 @@ class LLMEngine:
         )
         backend = self.loaded.make_backend(blocks, config.block_size)
         self.runner = ModelRunner(self.loaded.model, backend, config.block_size, self.loaded.device)
-        self._sequences: dict[str, Sequence] = {}
+        self._groups: dict[str, SequenceGroup] = {}
         log.info(
             "kv cache ready",
             extra={"blocks": blocks, "block_size": config.block_size, "tokens": blocks * config.block_size},
@@ -65,23 +68,29 @@ class LLMEngine:
             )
 
     def add_request(self, request: EngineRequest, priority: int = 0) -> None:
-        if request.request_id in self._sequences:
+        if request.request_id in self._groups:
             raise InvalidArgument(f"request id {request.request_id!r} is already in use")
         self.check_fits(request)
-        seq = Sequence(request, priority=priority)
-        self._sequences[request.request_id] = seq
-        self.scheduler.add(seq)
+        group = SequenceGroup(request, priority=priority)
+        self._groups[request.request_id] = group
+        self.scheduler.add(group.seqs[0])
 
-    def abort(self, request_id: str, message: str = "aborted") -> bool:
-        """Mark a request aborted; the next step frees its blocks and emits its end."""
-        seq = self._sequences.get(request_id)
-        if seq is None:
+    def abort(self, request_id: str, message: str = "aborted", indices: Iterable[int] = ()) -> bool:
+        """Mark a request (or only the listed samples) aborted; the next step frees their blocks and emits
+        their ends."""
+        group = self._groups.get(request_id)
+        if group is None:
             return False
-        seq.abort_message = message
+        chosen = set(indices)
+        if not chosen:
+            group.abort_message = message
+        for seq in group.seqs:
+            if seq.index in chosen:
+                seq.abort_message = message
         return True
 
     def has_work(self) -> bool:
-        return bool(self._sequences)
+        return bool(self._groups)
 
     def load(self) -> LoadReport:
         used = round(self.block_manager.usage * self.block_manager.num_total_blocks) * self.config.block_size
@@ -101,51 +110,103 @@ class LLMEngine:
             return outputs
         batch = self.runner.build_batch(scheduled.scheduled, self.block_manager)
         logits = self.runner.run(batch)
-        tokens = sample(logits, batch.sample_seqs, self.loaded.eos_token_ids)
+        seqs, rows, forks = self._expand_forks(batch.sample_seqs)
+        sampled = sample_step(logits.sample, rows, seqs, self.loaded.eos_token_ids, self.config.logprobs_mode)
         self.scheduler.commit(scheduled)
-        outputs += self._postprocess(batch.sample_seqs, tokens)
+        self._collect_prompt_logprobs(batch, logits)
+        for child in forks:
+            self.scheduler.add_fork(self._groups[child.request.request_id].seqs[0], child)
+        outputs += self._postprocess(seqs, sampled)
         return outputs
+
+    def _expand_forks(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[int], list[Sequence]]:
+        """Every sample of a request whose prefill just completed draws its first token from the same row."""
+        rows = list(range(len(seqs)))
+        forks: list[Sequence] = []
+        for row, seq in enumerate(seqs):
+            group = self._groups[seq.request.request_id]
+            if group.needs_fork(seq):
+                children = group.fork()
+                forks += children
+                rows += [row] * len(children)
+        return seqs + forks, rows, forks
+
+    def _collect_prompt_logprobs(self, batch: Batch, logits: StepLogits) -> None:
+        if logits.prompt_hidden is None:
+            return
+        offset = 0
+        for part in batch.prompt_rows:
+            seq, asked = part.seq, part.seq.request.sampling.logprobs
+            targets = seq.token_ids[part.first_target : part.first_target + part.count]
+            queries = [LogprobQuery(t, asked.prompt_top_n, asked.token_ids) for t in targets]
+            hidden = logits.prompt_hidden[offset : offset + part.count]
+            seq.prompt_logprobs += prompt_logprobs(hidden, self.runner.compute_logits, queries)
+            offset += part.count
 
     def _reap_aborted(self) -> list[StepOutput]:
         outputs = []
-        for seq in [s for s in self._sequences.values() if s.abort_message is not None]:
-            outputs.append(self._finish(seq, Finish("abort", message=seq.abort_message or "aborted")))
+        for group in list(self._groups.values()):
+            if group.abort_message is not None:
+                unfinished = group.unfinished
+                finish = Finish("abort", message=group.abort_message)
+                # Samples not forked yet never existed: the last real one ends the request.
+                outputs += [
+                    self._finish(seq, finish, last=i == len(unfinished) - 1) for i, seq in enumerate(unfinished)
+                ]
+                continue
+            for seq in group.unfinished:
+                if seq.abort_message is not None:
+                    outputs.append(self._finish(seq, Finish("abort", message=seq.abort_message)))
         return outputs
 
-    def _postprocess(self, seqs: list[Sequence], tokens: list[int]) -> list[StepOutput]:
+    def _postprocess(self, seqs: list[Sequence], sampled: list[SampledToken]) -> list[StepOutput]:
         outputs = []
-        for seq, token in zip(seqs, tokens, strict=True):
-            seq.token_ids.append(token)
-            finish = self._stop_condition(seq, token)
-            if finish is not None:
-                outputs.append(self._finish(seq, finish))
-            else:
-                outputs.append(self._emit(seq, None))
+        for seq, token in zip(seqs, sampled, strict=True):
+            seq.token_ids.append(token.token_id)
+            if token.logprob is not None:
+                seq.cumulative_logprob += token.logprob
+            if token.logprobs is not None:
+                seq.pending_logprobs.append(token.logprobs)
+            finish = self._stop_condition(seq, token.token_id)
+            outputs.append(self._finish(seq, finish) if finish is not None else self._emit(seq, None))
         return outputs
 
     def _stop_condition(self, seq: Sequence, token: int) -> Finish | None:
         settings = seq.request.sampling
-        is_stop = token in settings.stop_token_ids or (not settings.ignore_eos and token in self.loaded.eos_token_ids)
-        if is_stop and seq.num_output_tokens >= settings.min_new_tokens:
-            return Finish("stop", matched_token_id=token)
+        if seq.num_output_tokens >= settings.min_new_tokens:
+            if token in settings.stop_token_ids:
+                return Finish("stop", matched_token_id=token)
+            if not settings.ignore_eos and token in self.loaded.eos_token_ids:
+                return Finish("stop", matched_token_id=token, eos=True)
         if seq.num_output_tokens >= settings.max_new_tokens:
             return Finish("length")
         return None
 
-    def _finish(self, seq: Sequence, finish: Finish) -> StepOutput:
+    def _finish(self, seq: Sequence, finish: Finish, *, last: bool = False) -> StepOutput:
         self.scheduler.remove(seq)
-        del self._sequences[seq.seq_id]
         seq.finish = finish
-        return self._emit(seq, finish)
+        group = self._groups[seq.request.request_id]
+        done = last or group.is_finished
+        output = self._emit(seq, finish, done)
+        if done:
+            del self._groups[group.request_id]
+        return output
 
-    def _emit(self, seq: Sequence, finish: Finish | None) -> StepOutput:
+    def _emit(self, seq: Sequence, finish: Finish | None, done: bool = False) -> StepOutput:
         new = seq.output_ids[seq.num_emitted :]
+        first_output = seq.num_emitted == 0 and seq.index == 0
         seq.num_emitted = seq.num_output_tokens
+        logprobs, seq.pending_logprobs = seq.pending_logprobs, []
         output = EngineOutput(
             token_ids=new,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
             cached_tokens=seq.num_cached_tokens,
             finish=finish,
+            index=seq.index,
+            logprobs=logprobs,
+            input_logprobs=list(seq.prompt_logprobs) if first_output else [],
+            cumulative_logprob=seq.cumulative_logprob,
+            request_finished=done,
         )
-        return StepOutput(seq.seq_id, output)
+        return StepOutput(seq.request.request_id, output)

@@ -30,6 +30,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
     sched.add_argument("--max-running-requests", type=int, default=256)
     sched.add_argument("--scheduling-policy", default="fcfs", help="fcfs, or priority (request field `priority`)")
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument(
+        "--sampling-defaults",
+        default="model",
+        help="model: unset parameters take generation_config.json's values; openai: the documented defaults",
+    )
+    sampling.add_argument("--max-logprobs", type=int, default=20, help="most alternatives per position a request gets")
+    sampling.add_argument(
+        "--logprobs-mode",
+        default="processed",
+        help="processed: log-probs of the distribution sampled from (after penalties, temperature); raw: of logits",
+    )
     parser.add_argument("--log-level", default=None)
     return parser
 
@@ -58,6 +70,9 @@ def run(args: argparse.Namespace) -> None:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_running_requests=args.max_running_requests,
             scheduling_policy=args.scheduling_policy,
+            sampling_defaults=args.sampling_defaults,
+            max_logprobs=args.max_logprobs,
+            logprobs_mode=args.logprobs_mode,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None
@@ -77,7 +92,7 @@ async def _serve(config: EngineConfig) -> None:
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
     engine = EngineLoop(core, config.max_waiting_requests)
-    servicer = EngineServicer(core.loaded, engine)
+    servicer = EngineServicer(core.loaded, engine, config)
     spec = ServiceSpec(
         name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
         add=lambda server: engine_pb2_grpc.add_EngineServicer_to_server(servicer, server),

@@ -18,12 +18,31 @@ from services.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)
+class PromptLogprobRows:
+    """Rows first_row .. first_row+count-1 of the flattened batch predict prompt tokens
+    first_target .. first_target+count-1 of seq (prompt log-probabilities)."""
+
+    seq: Sequence
+    first_row: int
+    count: int
+    first_target: int
+
+
+@dataclass(frozen=True)
 class Batch:
     input_ids: torch.Tensor  # (T,)
     context: ForwardContext
     # Rows of the flattened batch whose logits are sampled, and their sequences.
     sample_rows: torch.Tensor  # (N,)
     sample_seqs: list[Sequence]
+    prompt_rows: list[PromptLogprobRows]
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    sample: torch.Tensor  # (N, V) float32, rows of Batch.sample_seqs
+    # (sum of PromptLogprobRows.count, hidden) final hidden states, in Batch.prompt_rows order.
+    prompt_hidden: torch.Tensor | None
 
 
 class ModelRunner:
@@ -45,6 +64,7 @@ class ModelRunner:
         tables: list[list[int]] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
+        prompt_rows: list[PromptLogprobRows] = []
         for item in scheduled:
             seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             end = start + count
@@ -58,6 +78,13 @@ class ModelRunner:
             if end == seq.num_tokens:
                 sample_rows.append(query_start[-1] - 1)
                 sample_seqs.append(seq)
+            target = seq.prompt_logprob_start
+            if target is not None:
+                # Position p's logits predict token p + 1.
+                first, last = max(start, target - 1), min(end, seq.num_prompt_tokens - 1)
+                if first < last:
+                    row = query_start[-2] + first - start
+                    prompt_rows.append(PromptLogprobRows(seq, row, last - first, first + 1))
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
 
@@ -74,12 +101,20 @@ class ModelRunner:
             query_lens_cpu=[item.num_new_tokens for item in scheduled],
             seq_lens_cpu=seq_lens,
         )
-        return Batch(tensor(input_ids), context, tensor(sample_rows), sample_seqs)
+        return Batch(tensor(input_ids), context, tensor(sample_rows), sample_seqs, prompt_rows)
 
     @torch.inference_mode()
-    def run(self, batch: Batch) -> torch.Tensor:
-        """Logits (N, vocab) float32 for batch.sample_seqs, in that order."""
+    def run(self, batch: Batch) -> StepLogits:
+        """Logits for batch.sample_seqs, in that order, and the hidden states of prompt-logprob rows."""
         hidden = self.model(batch.input_ids, batch.context.positions, batch.context)  # (T, hidden)
+        prompt_hidden = None
+        if batch.prompt_rows:
+            rows = [r for pr in batch.prompt_rows for r in range(pr.first_row, pr.first_row + pr.count)]
+            prompt_hidden = hidden[torch.tensor(rows, device=hidden.device)]
         if not batch.sample_seqs:
-            return torch.empty(0, device=self.device)
-        return self.model.compute_logits(hidden[batch.sample_rows])  # type: ignore[operator]
+            return StepLogits(torch.empty(0, device=self.device), prompt_hidden)
+        return StepLogits(self.model.compute_logits(hidden[batch.sample_rows]), prompt_hidden)  # type: ignore[operator]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)  # type: ignore[operator,no-any-return]

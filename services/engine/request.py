@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.engine.sampling import SamplingSettings
+from services.engine.logprobs import PositionLogprobs
+from services.engine.sampling_params import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -18,21 +19,31 @@ class EngineRequest:
 @dataclass(frozen=True)
 class Finish:
     kind: Literal["stop", "length", "abort"]
-    # For "stop": the EOS or stop token id that matched.
+    # For "stop": the stop token id that matched, and whether it is one of the model's EOS ids.
     matched_token_id: int | None = None
+    eos: bool = False
     # For "abort": why.
     message: str = ""
 
 
 @dataclass(frozen=True)
 class EngineOutput:
-    """New tokens of a request; `finish` is set on its last output."""
+    """New tokens of one sample of a request; `finish` is set on the sample's last output."""
 
     token_ids: list[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
     finish: Finish | None = field(default=None)
+    # Which sample (0 .. best_of-1).
+    index: int = 0
+    # One per token id, when output logprobs were asked for.
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    # On sample 0's first output, when prompt logprobs were asked for.
+    input_logprobs: list[PositionLogprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    # The request's last output: every sample has finished.
+    request_finished: bool = False
 
     @property
     def finished(self) -> bool:

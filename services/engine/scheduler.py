@@ -67,6 +67,17 @@ class Scheduler:
         seq.status = Status.WAITING
         bisect.insort(self.waiting, seq, key=self._order)
 
+    def add_fork(self, parent: Sequence, child: Sequence) -> None:
+        """Run a new sample of the parent's request at once, on the parent's computed full prompt blocks.
+
+        The child holds its first sampled token; it computes the prompt's partial last block and that
+        token itself (less than a block plus one), then decodes like any other running sequence.
+        """
+        shared = self.block_manager.fork(parent.seq_id, child.seq_id, parent.num_prompt_tokens)
+        child.num_computed_tokens = shared
+        child.status = Status.RUNNING
+        self.running.append(child)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -103,7 +114,9 @@ class Scheduler:
         # Admitting while preempting would only thrash the cache.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_running_requests:
             seq = self.waiting[0]
-            cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids)
+            # Prompt log-probabilities need every prompt position computed, so no prefix hit then.
+            use_cache = seq.prompt_logprob_start is None
+            cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids) if use_cache else 0
             num_new = min(seq.num_tokens - cached, budget)
             if not self.block_manager.allocate(seq.seq_id, cached + num_new):
                 self.block_manager.free(seq.seq_id)

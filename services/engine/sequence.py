@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.engine.logprobs import PositionLogprobs
 from services.engine.request import EngineRequest, Finish
 
 _arrival = itertools.count()
@@ -35,32 +36,57 @@ class Status(enum.Enum):
 
 @dataclass(eq=False)
 class Sequence:
+    """One sample of a request. Sample 0 computes the prompt; the others are forked from it (see fork())."""
+
     request: EngineRequest
     priority: int = 0
+    index: int = 0
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     # Prompt tokens found in the prefix cache when first admitted (reported as cached_tokens).
     num_cached_tokens: int = 0
     status: Status = Status.WAITING
     finish: Finish | None = None
-    # Set by whoever must stop it (cancellation); the step loop finishes it at the next step.
+    # Set when only this sample must stop (its stop string matched); finished at the next step.
     abort_message: str | None = None
     # Output tokens not yet handed to the caller.
     num_emitted: int = 0
     num_preemptions: int = 0
     arrival: int = field(default_factory=lambda: next(_arrival))
     generator: torch.Generator | None = None
+    # Log-probabilities of output tokens not yet handed to the caller (when asked for).
+    pending_logprobs: list[PositionLogprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    # Prompt log-probabilities gathered so far (sample 0 only), for positions prompt_start.. in order.
+    prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.request.input_ids)
         seed = self.request.sampling.seed
         if seed is not None:
-            self.generator = torch.Generator(device="cpu").manual_seed(seed)
+            # Sample i of a seeded request draws from seed + i (as vLLM), so samples differ yet repeat.
+            self.generator = torch.Generator(device="cpu").manual_seed((seed + self.index) % 2**64)
 
     @property
     def seq_id(self) -> str:
-        return self.request.request_id
+        """Unique across requests: the request id cannot contain the part after the last '#'."""
+        return f"{self.request.request_id}#{self.index}"
+
+    def fork(self, index: int) -> Sequence:
+        """A new sample of the same request after this one's prefill: the prompt only, nothing computed."""
+        return Sequence(self.request, priority=self.priority, index=index, num_cached_tokens=self.num_cached_tokens)
+
+    @property
+    def prompt_logprob_start(self) -> int | None:
+        """First prompt position whose log-probability this sequence must still produce; None when done."""
+        start = self.request.sampling.logprobs.prompt_start
+        if start is None or self.index != 0:
+            return None
+        # Position 0 has no log-probability: nothing comes before it.
+        first = max(start, 1)
+        produced = first + len(self.prompt_logprobs)
+        return produced if produced < self.num_prompt_tokens else None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 from grpc import aio
 
+from services.engine.config import EngineConfig
 from services.engine.convert import load_to_proto, output_to_proto, request_from_proto
 from services.engine.engine_loop import EngineLoop
 from services.engine.model_loader import LoadedModel
@@ -16,14 +17,15 @@ log = logging.getLogger(__name__)
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
-    def __init__(self, loaded: LoadedModel, engine: EngineLoop) -> None:
+    def __init__(self, loaded: LoadedModel, engine: EngineLoop, config: EngineConfig) -> None:
         self._loaded = loaded
         self._engine = engine
+        self._config = config
 
     async def Generate(
         self, request: engine_pb2.EngineGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
-        engine_request = request_from_proto(request, self._loaded)
+        engine_request = request_from_proto(request, self._loaded, self._config)
         log.info(
             "generate",
             extra={"request_id": request.request_id, "prompt_tokens": len(request.input_ids)},
@@ -34,7 +36,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             yield output_to_proto(output)
 
     async def Abort(self, request: engine_pb2.AbortRequest, context: aio.ServicerContext) -> engine_pb2.AbortResponse:
-        return engine_pb2.AbortResponse(aborted=self._engine.abort(request.request_id))
+        return engine_pb2.AbortResponse(aborted=self._engine.abort(request.request_id, tuple(request.indices)))
 
     async def GetModelInfo(
         self, request: engine_pb2.GetModelInfoRequest, context: aio.ServicerContext

@@ -13,7 +13,7 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.request import EngineOutput, EngineRequest
-from services.engine.sampling import resolve
+from services.engine.sampling_validation import Limits, resolve
 from turnout.v1 import common_pb2
 
 PROMPT = (1, 504, 3575, 282, 4649, 314)
@@ -40,8 +40,7 @@ def make_request(
     sampling = resolve(
         common_pb2.SamplingParams(**params),  # type: ignore[arg-type]
         loaded.info.generation_defaults,
-        prompt_len=len(prompt),
-        max_model_len=loaded.max_model_len,
+        Limits(len(prompt), loaded.max_model_len, loaded.vocab_size),
     )
     return EngineRequest(rid, prompt, sampling)
 

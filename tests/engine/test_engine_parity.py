@@ -15,7 +15,7 @@ from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.request import EngineRequest
-from services.engine.sampling import resolve
+from services.engine.sampling_validation import Limits, resolve
 from tests.engine.model_fixtures import ARCHITECTURES, build_tiny_checkpoint
 from turnout.v1 import common_pb2
 
@@ -50,7 +50,7 @@ def hf_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new: int = MAX_
 def request(loaded: LoadedModel, rid: str, prompt: Sequence[int], max_new: int = MAX_NEW) -> EngineRequest:
     params = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=max_new, ignore_eos=True)
     settings = resolve(
-        params, loaded.info.generation_defaults, prompt_len=len(prompt), max_model_len=loaded.max_model_len
+        params, loaded.info.generation_defaults, Limits(len(prompt), loaded.max_model_len, loaded.vocab_size)
     )
     return EngineRequest(rid, tuple(prompt), settings)
 

@@ -49,3 +49,12 @@ def test_bad_sampling_params_are_refused(llm: LLM) -> None:
     with pytest.raises(InvalidArgument, match="2 prompts"):
         llm.generate(["a", "b"], [{}])
     assert not llm.engine.has_work()
+
+
+def test_n_and_best_of_offline(llm: LLM) -> None:
+    params = {"max_new_tokens": 4, "temperature": 1.0, "seed": 11, "ignore_eos": True}
+    every = llm.generate("a b c", {**params, "n": 3})[0]
+    assert len(every.samples) == 3 and every.output_token_ids == every.samples[0].output_token_ids
+    best = llm.generate("a b c", {**params, "n": 1, "best_of": 3})[0]
+    assert len(best.samples) == 1
+    assert best.output_token_ids == max(every.samples, key=lambda s: s.cumulative_logprob).output_token_ids

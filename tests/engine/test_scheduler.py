@@ -8,7 +8,7 @@ import pytest
 
 from services.engine.block_manager import BlockManager
 from services.engine.request import EngineRequest
-from services.engine.sampling import SamplingSettings
+from services.engine.sampling_params import SamplingSettings
 from services.engine.scheduler import Policy, Scheduler, SchedulerOutput
 from services.engine.sequence import Sequence, Status
 
@@ -16,17 +16,7 @@ BLOCK = 4
 
 
 def make_seq(rid: str, prompt: list[int], max_new: int = 8, priority: int = 0) -> Sequence:
-    settings = SamplingSettings(
-        max_new_tokens=max_new,
-        min_new_tokens=0,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        min_p=0.0,
-        stop_token_ids=frozenset(),
-        ignore_eos=True,
-        seed=None,
-    )
+    settings = SamplingSettings(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
     return Sequence(EngineRequest(rid, tuple(prompt), settings), priority=priority)
 
 
@@ -63,7 +53,7 @@ def harness_factory() -> Iterator[type[Harness]]:
 
 
 def plan(out: SchedulerOutput) -> list[tuple[str, int]]:
-    return [(item.seq.seq_id, item.num_new_tokens) for item in out.scheduled]
+    return [(item.seq.request.request_id, item.num_new_tokens) for item in out.scheduled]
 
 
 def test_running_decodes_come_first_then_admission_within_budget(harness_factory: type[Harness]) -> None:
@@ -98,7 +88,7 @@ def test_prefix_cache_hit_skips_computed_full_blocks(harness_factory: type[Harne
     out = h.step()
     assert ("second", 3) in plan(out)  # only the tokens after the two cached blocks
     assert second.num_cached_tokens == 8
-    assert h.blocks.block_table("second")[:2] == h.blocks.block_table("first")[:2]
+    assert h.blocks.block_table("second#0")[:2] == h.blocks.block_table("first#0")[:2]
 
 
 def test_whole_prompt_cached_still_computes_its_last_token(harness_factory: type[Harness]) -> None:
@@ -120,7 +110,7 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later(harness_facto
     assert plan(h.step()) == [("old", 7), ("new", 7)]  # 2 blocks each: the pool is full
     assert plan(h.step()) == [("old", 1), ("new", 1)]  # token 8 still fits in the second block
     out = h.step()  # both need a third block for token 9
-    assert [s.seq_id for s in out.preempted] == ["new"]
+    assert [s.request.request_id for s in out.preempted] == ["new"]
     assert plan(out) == [("old", 1)]
     assert new.status is Status.WAITING and new.num_computed_tokens == 0 and new.num_preemptions == 1
     assert h.scheduler.waiting == [new]
@@ -140,7 +130,7 @@ def test_priority_policy_admits_and_preempts_by_priority(harness_factory: type[H
     assert plan(h.step()) == [("high", 7), ("low", 7)]
     h.step()
     out = h.step()
-    assert [s.seq_id for s in out.preempted] == ["low"]
+    assert [s.request.request_id for s in out.preempted] == ["low"]
 
 
 def test_running_cap_limits_admission(harness_factory: type[Harness]) -> None:
@@ -148,7 +138,7 @@ def test_running_cap_limits_admission(harness_factory: type[Harness]) -> None:
     for i in range(3):
         h.scheduler.add(make_seq(f"s{i}", [i, i + 1]))
     assert [rid for rid, _ in plan(h.step())] == ["s0", "s1"]
-    assert [s.seq_id for s in h.scheduler.waiting] == ["s2"]
+    assert [s.request.request_id for s in h.scheduler.waiting] == ["s2"]
 
 
 def test_remove_frees_blocks_of_running_and_waiting(harness_factory: type[Harness]) -> None:

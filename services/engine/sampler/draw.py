@@ -1,0 +1,69 @@
+"""Randomness of a step: the final draw and the XTC coin.
+
+Draw by exponential race: with q_i ~ Exp(1) independent, q_i / p_i ~ Exp(rate p_i) and the
+smallest of independent exponentials is the i-th with probability p_i / sum(p); so
+argmax_i p_i / q_i is a draw from p, one vectorised argmax instead of a multinomial. We take it
+as argmax_i (logit_i - log q_i), the same race without the softmax, so the result does not
+depend on how a softmax would have summed the row, and make q_i = -log u_i from uniforms
+(cheaper than `exponential_` on CPU).
+
+Unseeded rows share one batched draw from torch's default RNG on the logits' device. A seeded row
+draws from its own CPU generator (moved to the device afterwards), so its token depends only on
+its own logits and generator state, never on the other rows of the batch or their order.
+
+Per step, a seeded non-greedy row consumes from its generator, in this order:
+1. if its xtc_probability > 0: one `torch.rand(1)` (the XTC coin);
+2. V uniforms, `uniform_()` into a contiguous float32 vector of V = the logits' width, entry t
+   giving token t's q (the whole vocabulary, whatever truncation left).
+Greedy rows consume nothing. This pattern defines seeded reproducibility; changing it changes
+the tokens every seeded request produces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from services.engine.sampler.candidates import Candidates
+
+
+def exponential_race(c: Candidates, generators: Sequence[torch.Generator | None], vocab_size: int) -> torch.Tensor:
+    """c.values (R, W) final logits -> (R,) long sampled token ids."""
+    rows, width = c.values.shape
+    device = c.values.device
+    seeded = [i for i, g in enumerate(generators) if g is not None]
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if not seeded:
+        uniforms = torch.empty(rows, width, device=device).uniform_()  # (R, W)
+    else:
+        uniforms = torch.empty(rows, width, device=device)
+        if unseeded:
+            index = torch.tensor(unseeded, device=device)
+            uniforms.index_copy_(0, index, torch.empty(len(unseeded), width, device=device).uniform_())
+        host = torch.empty(len(seeded), vocab_size)  # (S, V)
+        for j, i in enumerate(seeded):
+            host[j].uniform_(generator=generators[i])
+        own = host.to(device)  # (S, V), indexed by token id
+        if c.ids is not None:
+            own = own.gather(-1, c.ids.index_select(0, torch.tensor(seeded, device=device)))  # (S, W)
+        uniforms.index_copy_(0, torch.tensor(seeded, device=device), own)
+    log_q = uniforms.log_().neg_().log_()  # (R, W): log of q = -log u ~ Exp(1); u = 0 gives +inf
+    scores = c.values - log_q  # (R, W); -inf logits stay -inf
+    return c.token_ids(scores.argmax(dim=-1))
+
+
+def row_uniforms(
+    rows: int, drawing: Sequence[int], generators: Sequence[torch.Generator | None], device: torch.device
+) -> torch.Tensor:
+    """(rows,) float32: U(0, 1) for the rows listed in `drawing` (seeded ones from their own
+    generator), 1.0 for the others."""
+    values = torch.ones(rows, device=device)
+    unseeded = [i for i in drawing if generators[i] is None]
+    seeded = [i for i in drawing if generators[i] is not None]
+    if unseeded:
+        values.index_copy_(0, torch.tensor(unseeded, device=device), torch.rand(len(unseeded), device=device))
+    if seeded:
+        host = torch.cat([torch.rand(1, generator=generators[i]) for i in seeded])  # (S,)
+        values.index_copy_(0, torch.tensor(seeded, device=device), host.to(device))
+    return values

@@ -1,0 +1,93 @@
+"""One step's sampling: logits rows -> a token per sequence, with the log-probabilities asked for.
+
+Builds the sampler's rows (stop and EOS ids are suppressed until
+min_new_tokens), calls the batched sampler once, and gathers log-probabilities
+in one batched pass for the rows that need them: requests asking for logprobs,
+and requests with several samples (best_of ranks them by cumulative log-probability).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.logprobs import LogprobQuery, PositionLogprobs, gather
+from services.engine.sampler import SamplerRow, sample
+from services.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    # The sampled token's log-probability, when the request needs it (logprobs or best_of).
+    logprob: float | None = None
+    # What the request asked for, when it asked.
+    logprobs: PositionLogprobs | None = None
+
+
+def suppressed_ids(seq: Sequence, eos_token_ids: frozenset[int]) -> list[int]:
+    """Stop ids (and EOS unless ignore_eos) are masked until min_new_tokens are generated."""
+    settings = seq.request.sampling
+    if seq.num_output_tokens >= settings.min_new_tokens:
+        return []
+    stops = settings.stop_token_ids | (frozenset() if settings.ignore_eos else eos_token_ids)
+    return sorted(stops)
+
+
+def _needs_logprob(seq: Sequence) -> bool:
+    settings = seq.request.sampling
+    # Samples of a multi-sample request carry their cumulative log-probability (best_of ranks by it).
+    return settings.logprobs.sampled or settings.best_of > 1
+
+
+def sample_step(
+    logits: torch.Tensor,  # (R, V) float32, one row per distinct sampled position
+    rows: Seq[int],  # logits row of each sequence (forked samples share their parent's row)
+    seqs: Seq[Sequence],
+    eos_token_ids: frozenset[int],
+    logprobs_mode: str = "processed",
+) -> list[SampledToken]:
+    if not seqs:
+        return []
+    if len(rows) != logits.shape[0] or list(rows) != list(range(len(rows))):
+        logits = logits[torch.tensor(list(rows), device=logits.device)]  # (N, V)
+    want = [_needs_logprob(seq) for seq in seqs]
+    sampler_rows = [
+        SamplerRow(
+            settings=seq.request.sampling,
+            token_ids=seq.token_ids,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            generator=seq.generator,
+            suppressed_ids=suppressed_ids(seq, eos_token_ids),
+            want_logprobs=wanted and logprobs_mode == "processed",
+        )
+        for seq, wanted in zip(seqs, want, strict=True)
+    ]
+    result = sample(logits, sampler_rows)
+    if not any(want):
+        return [SampledToken(token) for token in result.token_ids]
+
+    picked = [i for i, wanted in enumerate(want) if wanted]
+    index = torch.tensor(picked, device=logits.device)
+    if logprobs_mode == "processed":
+        assert result.logprobs is not None, "the sampler returns logprobs for rows that want them"
+        source = result.logprobs[index]  # (P, V)
+    else:
+        source = torch.log_softmax(logits[index].float(), dim=-1)  # (P, V)
+    queries = []
+    for i in picked:
+        asked = seqs[i].request.sampling.logprobs
+        queries.append(LogprobQuery(result.token_ids[i], asked.top_n, asked.token_ids))
+    gathered = dict(zip(picked, gather(source, queries), strict=True))
+
+    out = []
+    for i, token in enumerate(result.token_ids):
+        position = gathered.get(i)
+        if position is None:
+            out.append(SampledToken(token))
+            continue
+        shown = seqs[i].request.sampling.logprobs.sampled
+        out.append(SampledToken(token, position.token.logprob, position if shown else None))
+    return out
