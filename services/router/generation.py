@@ -1,25 +1,30 @@
 """One Generate request through the stack:
 
-    encode (tokenizer) -> Engine.Generate (token ids) -> Detokenize stream (text, stop strings) -> caller
+    encode (tokenizer) -> Engine.Generate (token ids) -> Detokenize streams (text, stop strings) -> caller
 
 Every engine chunk of a sample is answered by exactly one Detokenize response,
-so text deltas stay aligned with their token ids. A matched stop string ends
-the sample; once every sample has ended the engine call is cancelled, which
-aborts the request in the engine. Leaving this generator early (the caller
-went away) cancels the engine call and the Detokenize streams the same way.
+so text deltas stay aligned with their token ids and log-probabilities. A
+matched stop string or regex ends its sample (the engine is told to abort just
+that sample); once every sample has ended the engine call is cancelled.
+Leaving this generator early (the caller went away) cancels the engine call
+and the Detokenize streams the same way.
+
+best_of > n: all best_of samples are generated and held back; the n with the
+highest cumulative log-probability are then sent, renumbered 0 .. n-1.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections import defaultdict
 from collections.abc import AsyncIterator
 
-from grpc import aio
-
-from services.router.engine_pool import EnginePool
+from services.router.engine_pool import EngineClient, EnginePool
+from services.router.logprob_text import fill_texts
+from services.router.prompt import encode_prompt, encode_sampling_strings
+from services.router.sample_text import SampleText
 from services.router.tokenizer_pool import TokenizerPool
-from turnout.errors import InvalidArgument, Unavailable
 from turnout.v1 import common_pb2, engine_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -28,141 +33,189 @@ log = logging.getLogger(__name__)
 PROMPT_CONTEXT_TOKENS = 8
 
 
-class SampleText:
-    """The Detokenize stream of one sample."""
-
-    def __init__(self, stub: tokenizer_pb2_grpc.TokenizerStub, start: tokenizer_pb2.DetokenizeStart) -> None:
-        self._call: aio.StreamStreamCall = stub.Detokenize()
-        self._start = start
-        self._opened = False
-
-    async def push(self, token_ids: list[int], *, last: bool) -> tokenizer_pb2.DetokenizeResponse:
-        if not self._opened:
-            await self._call.write(tokenizer_pb2.DetokenizeRequest(start=self._start))
-            self._opened = True
-        chunk = tokenizer_pb2.DetokenizeTokens(token_ids=token_ids, last=last)
-        await self._call.write(tokenizer_pb2.DetokenizeRequest(tokens=chunk))
-        response = await self._call.read()
-        if response is aio.EOF:
-            raise Unavailable("tokenizer closed the detokenize stream early")
-        assert isinstance(response, tokenizer_pb2.DetokenizeResponse)
-        return response
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
-
-async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizers: TokenizerPool) -> list[int]:
-    which = request.WhichOneof("input")
-    if which == "input_ids":
-        if not request.input_ids.ids:
-            raise InvalidArgument("input_ids must not be empty")
-        return list(request.input_ids.ids)
-    if which == "text":
-        if not request.text:
-            raise InvalidArgument("the prompt text must not be empty")
-        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        encode = tokenizer_pb2.EncodeRequest(text=request.text, add_special_tokens=add_special)
-    elif which == "chat":
-        encode = tokenizer_pb2.EncodeRequest(chat=request.chat)
-        if request.HasField("add_special_tokens"):
-            encode.add_special_tokens = request.add_special_tokens
-    else:
-        raise InvalidArgument("a generate request needs `text`, `input_ids` or `chat`")
-    reply = await tokenizers.pick().Encode(encode)
-    if not reply.input_ids:
-        raise InvalidArgument("the prompt encodes to no tokens")
-    return list(reply.input_ids)
-
-
 def _stop_token_trimmed(finish: common_pb2.FinishReason, params: common_pb2.SamplingParams) -> bool:
-    """Whether the last token is a matched stop token whose text must not appear."""
+    """Whether the last token is a matched stop or EOS token whose text must not appear."""
     return (
         finish.WhichOneof("kind") == "stop"
-        and finish.stop.WhichOneof("matched") == "token_id"
+        and finish.stop.WhichOneof("matched") in ("token_id", "eos_token_id")
         and not params.no_stop_trim
     )
+
+
+def _asks_logprobs(options: common_pb2.LogprobOptions) -> bool:
+    return options.return_logprob or options.top_logprobs_num > 0 or len(options.token_ids_logprob) > 0
 
 
 async def generate(
     request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizers: TokenizerPool
 ) -> AsyncIterator[inference_pb2.GenerateResponse]:
     model = engines.model_info(request.model)
-    input_ids = await encode_prompt(request, tokenizers)
-    params = request.sampling_params
+    tokenizer = tokenizers.pick()
+    input_ids = await encode_prompt(request, tokenizer)
+    params = await encode_sampling_strings(request.sampling_params, tokenizer)
     request_id = request.request_id or uuid.uuid4().hex
-    engine = engines.pick(model.name)
+    n = params.n if params.HasField("n") else 1
+    best_of = params.best_of if params.HasField("best_of") else n
+    ranking = best_of > n
+    options = common_pb2.LogprobOptions()
+    options.CopyFrom(request.logprob_options)
+    if ranking:
+        options.return_logprob = True  # the ranking sums the sampled tokens' log-probabilities
     engine_request = engine_pb2.EngineGenerateRequest(
-        request_id=request_id,
-        input_ids=input_ids,
-        sampling_params=params,
-        logprob_options=request.logprob_options,
+        request_id=request_id, input_ids=input_ids, sampling_params=params, logprob_options=options
     )
     if request.HasField("priority"):
         engine_request.priority = request.priority
+    engine = engines.pick(model.name)
+    log.info("generate", extra={"request_id": request_id, "engine": engine.address, "prompt_tokens": len(input_ids)})
+
+    with_texts = request.logprob_options.return_text_in_logprobs
+    keep_logprobs = _asks_logprobs(request.logprob_options)
+    samples = _Samples(engine, tokenizer, _detokenize_start(request_id, input_ids, params), params, best_of)
+    if not ranking:
+        async for response in samples.run(engine_request):
+            if with_texts:
+                await _fill_texts(tokenizer, response)
+            yield response
+        return
+
+    held: dict[int, list[inference_pb2.GenerateResponse]] = defaultdict(list)
+    scores: dict[int, float] = defaultdict(float)
+    async for response in samples.run(engine_request):
+        part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
+        held[part.index].append(response)
+        if response.WhichOneof("kind") == "chunk":
+            scores[part.index] += sum(p.token.logprob for p in response.chunk.logprobs)
+    best = sorted(range(best_of), key=lambda i: (-scores[i], i))[:n]
+    for new_index, old_index in enumerate(best):
+        for response in held[old_index]:
+            part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
+            part.index = new_index
+            if not keep_logprobs and response.WhichOneof("kind") == "chunk":
+                del response.chunk.logprobs[:]
+            if with_texts:
+                await _fill_texts(tokenizer, response)
+            yield response
+
+
+def _detokenize_start(
+    request_id: str, input_ids: list[int], params: common_pb2.SamplingParams
+) -> tokenizer_pb2.DetokenizeStart:
     start = tokenizer_pb2.DetokenizeStart(
         request_id=request_id,
         prompt_ids=input_ids[-PROMPT_CONTEXT_TOKENS:],
         stop=params.stop,
+        stop_regex=params.stop_regex,
         no_stop_trim=params.no_stop_trim,
     )
     for flag in ("skip_special_tokens", "spaces_between_special_tokens"):
         if params.HasField(flag):
             setattr(start, flag, getattr(params, flag))
-    log.info("generate", extra={"request_id": request_id, "engine": engine.address, "prompt_tokens": len(input_ids)})
-
-    tokenizer = tokenizers.pick()
-    samples: dict[int, SampleText] = {}
-    ended: set[int] = set()
-    num_samples = params.n if params.HasField("n") else 1
-    call = engine.stub.Generate(engine_request)
-    with engine.track():
-        try:
-            async for response in call:
-                if response.WhichOneof("kind") == "chunk":
-                    chunk = response.chunk
-                    if chunk.index in ended:
-                        continue
-                    sample = samples.setdefault(chunk.index, SampleText(tokenizer, start))
-                    text = await sample.push(list(chunk.token_ids), last=False)
-                    yield _chunk(chunk.index, text.text, chunk.token_ids, chunk)
-                    if text.HasField("matched_stop"):
-                        ended.add(chunk.index)
-                        usage = common_pb2.Usage(
-                            prompt_tokens=chunk.prompt_tokens,
-                            completion_tokens=chunk.completion_tokens,
-                            cached_tokens=chunk.cached_tokens,
-                        )
-                        yield _complete(chunk.index, _stop_str(text.matched_stop), usage)
-                else:
-                    done = response.complete
-                    if done.index in ended:
-                        continue
-                    ended.add(done.index)
-                    sample = samples.setdefault(done.index, SampleText(tokenizer, start))
-                    ids = list(done.token_ids)
-                    feed = ids[:-1] if ids and _stop_token_trimmed(done.finish_reason, params) else ids
-                    text = await sample.push(feed, last=True)
-                    finish = _stop_str(text.matched_stop) if text.HasField("matched_stop") else done.finish_reason
-                    if ids or text.text:
-                        yield _chunk(done.index, text.text, ids, done.usage)
-                    yield _complete(done.index, finish, done.usage)
-                if len(ended) >= num_samples:
-                    break
-        finally:
-            call.cancel()
-            for sample in samples.values():
-                sample.cancel()
+    return start
 
 
-def _stop_str(matched: str) -> common_pb2.FinishReason:
-    return common_pb2.FinishReason(stop=common_pb2.FinishReason.Stop(stop_str=matched))
+async def _fill_texts(tokenizer: tokenizer_pb2_grpc.TokenizerStub, response: inference_pb2.GenerateResponse) -> None:
+    if response.WhichOneof("kind") == "chunk":
+        await fill_texts(tokenizer, response.chunk.logprobs)
+    else:
+        await fill_texts(tokenizer, response.complete.input_logprobs)
+
+
+class _Samples:
+    """The engine call of one request and the Detokenize stream of each of its samples."""
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+        start: tokenizer_pb2.DetokenizeStart,
+        params: common_pb2.SamplingParams,
+        num_samples: int,
+    ) -> None:
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self._start = start
+        self._params = params
+        self._num_samples = num_samples
+        self._texts: dict[int, SampleText] = {}
+        self._ended: set[int] = set()
+        # Prompt log-probabilities, sent by the engine once; every sample's Complete carries them.
+        self._input_logprobs: list[common_pb2.PositionLogprobs] = []
+
+    def _text(self, index: int) -> SampleText:
+        return self._texts.setdefault(index, SampleText(self._tokenizer, self._start))
+
+    async def run(
+        self, engine_request: engine_pb2.EngineGenerateRequest
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        engine = self._engine
+        call = engine.stub.Generate(engine_request)
+        with engine.track():
+            try:
+                async for response in call:
+                    if response.WhichOneof("kind") == "chunk":
+                        async for out in self._on_chunk(engine_request.request_id, response.chunk):
+                            yield out
+                    else:
+                        async for out in self._on_complete(response.complete):
+                            yield out
+                    if len(self._ended) >= self._num_samples:
+                        break
+            finally:
+                call.cancel()
+                for text in self._texts.values():
+                    text.cancel()
+
+    async def _on_chunk(
+        self, request_id: str, chunk: engine_pb2.EngineChunk
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        self._input_logprobs = self._input_logprobs or list(chunk.input_logprobs)
+        if chunk.index in self._ended:
+            return
+        text = await self._text(chunk.index).push(list(chunk.token_ids), last=False)
+        yield _chunk(chunk.index, text.text, chunk.token_ids, chunk.logprobs, chunk)
+        matched = _matched(text)
+        if matched is None:
+            return
+        self._ended.add(chunk.index)
+        usage = common_pb2.Usage(
+            prompt_tokens=chunk.prompt_tokens,
+            completion_tokens=chunk.completion_tokens,
+            cached_tokens=chunk.cached_tokens,
+        )
+        yield _complete(chunk.index, matched, usage, self._input_logprobs)
+        if len(self._ended) < self._num_samples:
+            # Only this sample is over: free its KV blocks while the others go on.
+            abort = engine_pb2.AbortRequest(request_id=request_id, indices=[chunk.index])
+            await self._engine.stub.Abort(abort)
+
+    async def _on_complete(self, done: engine_pb2.EngineComplete) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        self._input_logprobs = self._input_logprobs or list(done.input_logprobs)
+        if done.index in self._ended:
+            return
+        self._ended.add(done.index)
+        ids = list(done.token_ids)
+        feed = ids[:-1] if ids and _stop_token_trimmed(done.finish_reason, self._params) else ids
+        text = await self._text(done.index).push(feed, last=True)
+        finish = _matched(text) or done.finish_reason
+        if ids or text.text:
+            yield _chunk(done.index, text.text, ids, done.logprobs, done.usage)
+        yield _complete(done.index, finish, done.usage, self._input_logprobs)
+
+
+def _matched(text: tokenizer_pb2.DetokenizeResponse) -> common_pb2.FinishReason | None:
+    if text.HasField("matched_stop"):
+        return common_pb2.FinishReason(stop=common_pb2.FinishReason.Stop(stop_str=text.matched_stop))
+    if text.HasField("matched_regex"):
+        return common_pb2.FinishReason(stop=common_pb2.FinishReason.Stop(regex=text.matched_regex))
+    return None
 
 
 def _chunk(
     index: int,
     text: str,
     token_ids: object,
+    logprobs: object,
     counts: engine_pb2.EngineChunk | common_pb2.Usage,
 ) -> inference_pb2.GenerateResponse:
     return inference_pb2.GenerateResponse(
@@ -170,6 +223,7 @@ def _chunk(
             index=index,
             text=text,
             token_ids=token_ids,  # type: ignore[arg-type]
+            logprobs=logprobs,  # type: ignore[arg-type]
             prompt_tokens=counts.prompt_tokens,
             completion_tokens=counts.completion_tokens,
             cached_tokens=counts.cached_tokens,
@@ -177,7 +231,14 @@ def _chunk(
     )
 
 
-def _complete(index: int, finish: common_pb2.FinishReason, usage: common_pb2.Usage) -> inference_pb2.GenerateResponse:
+def _complete(
+    index: int, finish: common_pb2.FinishReason, usage: common_pb2.Usage, input_logprobs: object
+) -> inference_pb2.GenerateResponse:
     return inference_pb2.GenerateResponse(
-        complete=inference_pb2.GenerateComplete(index=index, finish_reason=finish, usage=usage)
+        complete=inference_pb2.GenerateComplete(
+            index=index,
+            finish_reason=finish,
+            usage=usage,
+            input_logprobs=input_logprobs,  # type: ignore[arg-type]
+        )
     )
