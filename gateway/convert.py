@@ -1,4 +1,5 @@
-"""JSON request models -> `inference_pb2.GenerateRequest`: the one place the HTTP API meets the proto.
+"""JSON request models -> `inference_pb2.GenerateRequest`: where the HTTP API meets the proto
+(the sampling and logprob fields through `sampling`).
 
 Only parameters the client set are set on the proto (every sampling field is
 `optional`; unset means the model's default), except the per-endpoint
@@ -22,13 +23,11 @@ from gateway.protocol import (
     NativeSamplingParams,
     OpenAIRequest,
 )
+from gateway.sampling import native_logprobs, openai_logprobs, sampling_params
 from turnout.v1 import common_pb2, inference_pb2
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
-
-# SamplingParams scalar fields by proto name; None means the client did not set it.
-_PlainFields = dict[str, Any]
 
 
 def completion_requests(req: CompletionRequest, request_id: str) -> list[inference_pb2.GenerateRequest]:
@@ -36,12 +35,19 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
     _refuse_openai(req)
     if req.suffix:
         raise unsupported("suffix")
-    if req.logprobs is not None:
-        raise unsupported("logprobs")
-    if req.best_of is not None and req.best_of != (req.n or 1):
-        raise unsupported("best_of", "other than n is not supported yet")
+    if req.stream and req.best_of is not None and req.best_of > (req.n or 1):
+        raise invalid_request("'best_of' greater than 'n' cannot be streamed", "best_of")
     max_tokens = req.max_tokens if "max_tokens" in req.model_fields_set else COMPLETIONS_DEFAULT_MAX_TOKENS
     sampling = _openai_sampling(req, max_tokens)
+    if req.best_of is not None:
+        sampling.best_of = req.best_of
+    logprobs = openai_logprobs(
+        sampled=req.logprobs is not None,
+        top_n=req.logprobs,
+        prompt_top_n=req.prompt_logprobs,
+        echo=bool(req.echo),
+        as_token_ids=bool(req.return_tokens_as_token_ids),
+    )
 
     prompts: Sequence[str | list[int]]
     if isinstance(req.prompt, str):
@@ -55,7 +61,7 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
     out = []
     for i, prompt in enumerate(prompts):
         rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-        msg = _base_request(rid, req.model, req.add_special_tokens, req.priority, sampling)
+        msg = _base_request(rid, req.model, req.add_special_tokens, req.priority, sampling, logprobs)
         if isinstance(prompt, str):
             msg.text = prompt
         elif not prompt:
@@ -68,16 +74,24 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
 
 def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.GenerateRequest:
     _refuse_openai(req)
-    if req.logprobs:
-        raise unsupported("logprobs")
-    if req.top_logprobs is not None:
-        raise unsupported("top_logprobs")
+    if req.echo:
+        raise unsupported("echo")
     if req.tools:
         raise unsupported("tools")
     if req.tool_choice not in (None, "none"):
         raise unsupported("tool_choice", "other than 'none' is not supported yet")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    msg = _base_request(request_id, req.model, req.add_special_tokens, req.priority, _openai_sampling(req, max_tokens))
+    logprobs = openai_logprobs(
+        sampled=bool(req.logprobs),
+        top_n=req.top_logprobs,
+        prompt_top_n=req.prompt_logprobs,
+        echo=False,
+        as_token_ids=bool(req.return_tokens_as_token_ids),
+    )
+    sampling = _openai_sampling(req, max_tokens)
+    msg = _base_request(request_id, req.model, req.add_special_tokens, req.priority, sampling, logprobs)
     msg.chat.messages.extend(_chat_message(m, i) for i, m in enumerate(req.messages))
     options = msg.chat.options
     if req.continue_final_message:
@@ -100,8 +114,6 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
 
 def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.GenerateRequest], bool]:
     """The GenerateRequests of a `/generate` body, and whether it was a batch."""
-    if req.return_logprob is True or (isinstance(req.return_logprob, list) and any(req.return_logprob)):
-        raise unsupported("return_logprob")
     prompts: list[str] | list[list[int]]
     if (req.text is None) == (req.input_ids is None):
         raise invalid_request("exactly one of 'text' and 'input_ids' must be given", "text")
@@ -117,14 +129,28 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
     if not prompts:
         raise invalid_request("the batch of prompts must not be empty", "text" if req.text is not None else "input_ids")
 
-    params = _per_prompt(req.sampling_params, len(prompts), "sampling_params")
+    count = len(prompts)
+    params = _per_prompt(req.sampling_params, count, "sampling_params")
     if isinstance(req.rid, str) and is_batch:
         raise invalid_request("'rid' must be a list with one id per prompt for batch input", "rid")
-    rids = _per_prompt(req.rid, len(prompts), "rid")
+    rids = _per_prompt(req.rid, count, "rid")
+    token_ids = req.token_ids_logprob
+    # A flat list of ids (or none) is for every prompt; a list of lists has one per prompt.
+    flat = token_ids is None or not token_ids or isinstance(token_ids[0], int)
+    logprobs = zip(
+        _per_prompt(req.return_logprob, count, "return_logprob"),
+        _per_prompt(req.logprob_start_len, count, "logprob_start_len"),
+        _per_prompt(req.top_logprobs_num, count, "top_logprobs_num"),
+        [token_ids] * count if flat else _per_prompt(token_ids, count, "token_ids_logprob"),
+        _per_prompt(req.return_text_in_logprobs, count, "return_text_in_logprobs"),
+        strict=True,
+    )
 
     out = []
-    for prompt, sp, rid in zip(prompts, params, rids, strict=True):
-        msg = _base_request(rid or "", req.model, None, req.priority, _native_sampling(sp))
+    for prompt, sp, rid, options in zip(prompts, params, rids, logprobs, strict=True):
+        add_special_tokens = sp.add_special_tokens if sp is not None else None
+        sampling = _native_sampling(sp)
+        msg = _base_request(rid or "", req.model, add_special_tokens, req.priority, sampling, native_logprobs(*options))
         if isinstance(prompt, str):
             msg.text = prompt
         else:
@@ -142,21 +168,27 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
 
 
 def _refuse_openai(req: OpenAIRequest) -> None:
-    if req.echo:
-        raise unsupported("echo")
     if req.response_format is not None and req.response_format.get("type") != "text":
         raise unsupported("response_format", "other than {'type': 'text'} is not supported yet")
     if req.use_beam_search:
         raise unsupported("use_beam_search")
-    if req.truncate_prompt_tokens is not None:
-        raise unsupported("truncate_prompt_tokens")
-    if req.prompt_logprobs is not None:
-        raise unsupported("prompt_logprobs")
     if req.stream_options is not None:
         if not req.stream:
             raise invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
         if req.stream_options.continuous_usage_stats:
             raise unsupported("stream_options.continuous_usage_stats")
+    # The prompt's logprobs come with the end of a sample; vLLM has no streamed form for them either.
+    if req.stream and req.prompt_logprobs is not None:
+        raise invalid_request("'prompt_logprobs' is not available when 'stream' is true", "prompt_logprobs")
+    if (
+        req.include_stop_str_in_output is not None
+        and req.no_stop_trim is not None
+        and req.include_stop_str_in_output != req.no_stop_trim
+    ):
+        raise invalid_request(
+            "'include_stop_str_in_output' and 'no_stop_trim' are the same switch and disagree",
+            "include_stop_str_in_output",
+        )
 
 
 def _base_request(
@@ -165,9 +197,12 @@ def _base_request(
     add_special_tokens: bool | None,
     priority: int | None,
     sampling: common_pb2.SamplingParams,
+    logprobs: common_pb2.LogprobOptions,
 ) -> inference_pb2.GenerateRequest:
     msg = inference_pb2.GenerateRequest(request_id=request_id, model=model or "")
     msg.sampling_params.CopyFrom(sampling)
+    if logprobs.ListFields():
+        msg.logprob_options.CopyFrom(logprobs)
     if add_special_tokens is not None:
         msg.add_special_tokens = add_special_tokens
     if priority is not None:
@@ -176,57 +211,19 @@ def _base_request(
 
 
 def _openai_sampling(req: OpenAIRequest, max_tokens: int | None) -> common_pb2.SamplingParams:
-    plain: _PlainFields = {
-        "max_new_tokens": max_tokens,
-        "min_new_tokens": req.min_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "frequency_penalty": req.frequency_penalty,
-        "presence_penalty": req.presence_penalty,
-        "repetition_penalty": req.repetition_penalty,
-        "ignore_eos": req.ignore_eos,
-        "skip_special_tokens": req.skip_special_tokens,
-        "spaces_between_special_tokens": req.spaces_between_special_tokens,
-        "no_stop_trim": req.include_stop_str_in_output,
-        "n": req.n,
-        "seed": req.seed,
-    }
-    sp = _sampling(plain, ("max_tokens", "min_tokens"))
-    _set_lists(sp, req.stop, req.stop_token_ids, req.logit_bias)
-    return sp
+    no_stop_trim = req.include_stop_str_in_output if req.include_stop_str_in_output is not None else req.no_stop_trim
+    return sampling_params(req, max_new_tokens=max_tokens, min_new_tokens=req.min_tokens, no_stop_trim=no_stop_trim)
 
 
 def _native_sampling(params: NativeSamplingParams | None) -> common_pb2.SamplingParams:
     if params is None:
         return common_pb2.SamplingParams(max_new_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS)
-    plain: _PlainFields = {
-        name: getattr(params, name)
-        for name in (
-            "max_new_tokens",
-            "min_new_tokens",
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "frequency_penalty",
-            "presence_penalty",
-            "repetition_penalty",
-            "ignore_eos",
-            "skip_special_tokens",
-            "spaces_between_special_tokens",
-            "no_stop_trim",
-            "n",
-            "seed",
-        )
-    }
-    if "max_new_tokens" not in params.model_fields_set:
-        plain["max_new_tokens"] = GENERATE_DEFAULT_MAX_NEW_TOKENS
-    sp = _sampling(plain, ("sampling_params.max_new_tokens", "sampling_params.min_new_tokens"))
-    _set_lists(sp, params.stop, params.stop_token_ids, params.logit_bias)
-    if params.stop_regex is not None:
-        sp.stop_regex.extend(_strings(params.stop_regex, "sampling_params.stop_regex"))
+    max_new_tokens = (
+        params.max_new_tokens if "max_new_tokens" in params.model_fields_set else GENERATE_DEFAULT_MAX_NEW_TOKENS
+    )
+    sp = sampling_params(
+        params, "sampling_params.", max_new_tokens=max_new_tokens, min_new_tokens=params.min_new_tokens
+    )
     constraints = {
         name: getattr(params, name)
         for name in ("json_schema", "regex", "ebnf", "structural_tag")
@@ -240,42 +237,6 @@ def _native_sampling(params: NativeSamplingParams | None) -> common_pb2.Sampling
     if params.custom_params:
         sp.custom_params.update(params.custom_params)
     return sp
-
-
-def _sampling(plain: _PlainFields, length_names: tuple[str, str]) -> common_pb2.SamplingParams:
-    max_new, min_new = plain["max_new_tokens"], plain["min_new_tokens"]
-    if max_new is not None and min_new is not None and min_new > max_new:
-        raise invalid_request(
-            f"'{length_names[1]}' ({min_new}) must not exceed '{length_names[0]}' ({max_new})", length_names[1]
-        )
-    return common_pb2.SamplingParams(**{name: value for name, value in plain.items() if value is not None})
-
-
-def _set_lists(
-    sp: common_pb2.SamplingParams,
-    stop: str | list[str] | None,
-    stop_token_ids: list[int] | None,
-    logit_bias: dict[str, float] | None,
-) -> None:
-    if stop is not None:
-        sp.stop.extend(_strings(stop, "stop"))
-    if stop_token_ids:
-        sp.stop_token_ids.extend(stop_token_ids)
-    for key, bias in (logit_bias or {}).items():
-        try:
-            token_id = int(key)
-        except ValueError:
-            raise invalid_request(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
-        if not 0 <= token_id < 2**32:
-            raise invalid_request(f"'logit_bias' token id {token_id} is out of range", "logit_bias")
-        sp.logit_bias[token_id] = bias
-
-
-def _strings(value: str | list[str], name: str) -> list[str]:
-    values = [value] if isinstance(value, str) else value
-    if any(not v for v in values):
-        raise invalid_request(f"'{name}' must not contain empty strings", name)
-    return values
 
 
 def _chat_message(message: ChatMessageIn, index: int) -> common_pb2.ChatMessage:

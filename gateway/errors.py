@@ -44,7 +44,8 @@ _TYPE_OF_STATUS = {
 }
 
 # Pydantic names union members in error locations by their type ("str",
-# "list[int]", a model class name); those are not part of the parameter path.
+# "list[int]", "constrained-int", a model class name); those are not part of
+# the parameter path.
 _UNION_TAGS = {"str", "int", "float", "bool", "none", "dict"}
 
 
@@ -109,7 +110,9 @@ def error_response(err: HTTPError) -> JSONResponse:
 
 
 def _is_union_tag(part: str | int) -> bool:
-    return isinstance(part, str) and (part in _UNION_TAGS or "[" in part or part[:1].isupper())
+    return isinstance(part, str) and (
+        part in _UNION_TAGS or "[" in part or part.startswith("constrained-") or part[:1].isupper()
+    )
 
 
 def _param_path(loc: Sequence[str | int]) -> str:

@@ -43,6 +43,10 @@ class Sample:
     started: float
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    # One per token id, when logprobs were asked for.
+    logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
+    # Prompt positions max(logprob_start_len, 1) .. prompt_len - 1; they come with the end of the sample.
+    input_logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -56,11 +60,12 @@ class Sample:
 
 @dataclass(frozen=True)
 class Event:
-    """New output of one sample: a text delta with its token ids, or its end."""
+    """New output of one sample: a text delta with its token ids (and their logprobs), or its end."""
 
     sample: Sample
     text: str
     token_ids: Sequence[int]
+    logprobs: Sequence[common_pb2.PositionLogprobs]
     done: bool
 
 
@@ -165,12 +170,17 @@ class Generation:
             raise HTTPError(502, f"the router sent output for sample {sample.index} after it finished")
         if kind == "chunk":
             chunk = response.chunk
+            if chunk.logprobs and len(chunk.logprobs) != len(chunk.token_ids):
+                raise HTTPError(
+                    502, f"the router sent {len(chunk.logprobs)} logprobs for {len(chunk.token_ids)} tokens"
+                )
             sample.text += chunk.text
             sample.token_ids.extend(chunk.token_ids)
+            sample.logprobs.extend(chunk.logprobs)
             sample.prompt_tokens = chunk.prompt_tokens
             sample.completion_tokens = chunk.completion_tokens
             sample.cached_tokens = chunk.cached_tokens
-            return Event(sample, chunk.text, chunk.token_ids, done=False)
+            return Event(sample, chunk.text, chunk.token_ids, chunk.logprobs, done=False)
         complete = response.complete
         if complete.finish_reason.WhichOneof("kind") == "abort":
             raise GenerationAborted(complete.finish_reason.abort.message)
@@ -178,9 +188,14 @@ class Generation:
             sample.prompt_tokens = complete.usage.prompt_tokens
             sample.completion_tokens = complete.usage.completion_tokens
             sample.cached_tokens = complete.usage.cached_tokens
+        if complete.input_logprobs:
+            # All samples of a prompt share its logprobs, which the router may send with one of them only.
+            for sibling in self.samples:
+                if sibling.prompt == prompt and (sibling is sample or not sibling.input_logprobs):
+                    sibling.input_logprobs = list(complete.input_logprobs)
         sample.finish_reason = complete.finish_reason
         sample.finished = time.monotonic()
-        return Event(sample, "", (), done=True)
+        return Event(sample, "", (), (), done=True)
 
 
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:

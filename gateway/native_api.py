@@ -2,11 +2,13 @@
 
 `/generate` answers one output object for one prompt with one sample, and a
 list (prompt-major, `n` per prompt) otherwise; stream events then carry
-`index`. Streamed `text` and `output_ids` are cumulative, as SGLang sends them.
+`index`. Streamed `text`, `output_ids` and `meta_info`'s logprobs are
+cumulative, as SGLang sends them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -19,9 +21,11 @@ from grpc import aio
 from gateway import convert, sse
 from gateway.errors import HTTPError, error_response, to_http_error
 from gateway.generation import Generation, Sample, unless_disconnected
+from gateway.logprobs_format import sglang_logprobs
+from gateway.prompts import Prompt, look_up, starts_at_zero
 from gateway.protocol import NativeGenerateRequest
 from gateway.router_client import router_of
-from turnout.v1 import common_pb2
+from turnout.v1 import common_pb2, inference_pb2
 
 router = APIRouter()
 
@@ -42,19 +46,20 @@ def finish_reason(reason: common_pb2.FinishReason | None) -> dict[str, Any] | No
     return {"type": "abort", "message": reason.abort.message}
 
 
-def _output(sample: Sample, sample_id: str) -> dict[str, Any]:
-    return {
-        "text": sample.text,
-        "output_ids": list(sample.token_ids),
-        "meta_info": {
-            "id": sample_id,
-            "finish_reason": finish_reason(sample.finish_reason),
-            "prompt_tokens": sample.prompt_tokens,
-            "completion_tokens": sample.completion_tokens,
-            "cached_tokens": sample.cached_tokens,
-            "e2e_latency": round(sample.latency_s, 6),
-        },
+def _output(sample: Sample, sample_id: str, request: inference_pb2.GenerateRequest, prompt: Prompt) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": sample_id,
+        "finish_reason": finish_reason(sample.finish_reason),
+        "prompt_tokens": sample.prompt_tokens,
+        "completion_tokens": sample.completion_tokens,
+        "cached_tokens": sample.cached_tokens,
     }
+    if request.logprob_options.return_logprob:
+        # The prompt's positions come with the end of the sample: empty lists until then.
+        first = prompt.first if sample.finish_reason is not None else None
+        meta.update(sglang_logprobs(sample.logprobs, sample.input_logprobs, first, request.logprob_options))
+    meta["e2e_latency"] = round(sample.latency_s, 6)
+    return {"text": sample.text, "output_ids": list(sample.token_ids), "meta_info": meta}
 
 
 @router.post("/generate")
@@ -62,28 +67,46 @@ async def generate(body: NativeGenerateRequest, request: Request) -> Response:
     messages, is_batch = convert.native_requests(body)
     for message in messages:
         message.request_id = message.request_id or uuid.uuid4().hex
-    generation = await unless_disconnected(request, router_of(request).generate(messages))
+    client = router_of(request)
+
+    async def begin() -> tuple[list[Prompt], Generation]:
+        prompts = await asyncio.gather(
+            *(
+                look_up(
+                    client,
+                    m,
+                    text=False,
+                    first=m.logprob_options.return_logprob and starts_at_zero(m),
+                    first_text=m.logprob_options.return_text_in_logprobs,
+                )
+                for m in messages
+            )
+        )
+        return list(prompts), await client.generate(messages)
+
+    prompts, generation = await unless_disconnected(request, begin())
     listed = is_batch or len(generation.samples) > 1
 
-    def sample_id(sample: Sample) -> str:
-        rid = messages[sample.prompt].request_id
-        n = messages[sample.prompt].sampling_params.n
-        return f"{rid}-{sample.local_index}" if n > 1 else rid
+    def output(sample: Sample) -> dict[str, Any]:
+        message = messages[sample.prompt]
+        rid = message.request_id
+        sample_id = f"{rid}-{sample.local_index}" if message.sampling_params.n > 1 else rid
+        return _output(sample, sample_id, message, prompts[sample.prompt])
 
     if body.stream:
-        events = _stream(generation, sample_id, listed)
+        events = _stream(generation, output, listed)
         return sse.SSEResponse(sse.frames(events), on_close=generation.cancel)
     samples = await unless_disconnected(request, generation.collect())
-    outputs = [_output(s, sample_id(s)) for s in samples]
+    outputs = [output(s) for s in samples]
     return JSONResponse(outputs if listed else outputs[0])
 
 
 async def _stream(
-    generation: Generation, sample_id: Callable[[Sample], str], listed: bool
+    generation: Generation, output: Callable[[Sample], dict[str, Any]], listed: bool
 ) -> AsyncGenerator[dict[str, Any], None]:
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
-            out = _output(event.sample, sample_id(event.sample))
+            out = output(event.sample)
             if listed:
                 out["index"] = event.sample.index
             yield out

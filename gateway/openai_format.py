@@ -5,7 +5,10 @@ router holds text back for stop-string matching, are not sent); exactly one
 chunk per choice with a non-null `finish_reason`; chat's first delta of every
 choice is `{"role": "assistant", "content": ""}`; with
 `stream_options.include_usage` every chunk has `"usage": null` and one last
-chunk has `"choices": []` and the usage.
+chunk has `"choices": []` and the usage. With logprobs, a chunk whose tokens
+have no text yet (held back) is sent anyway, for their logprobs. Completions
+`echo` puts the prompt before each choice's text (and, with logprobs, the
+prompt's positions before its tokens).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.generation import Generation, Sample
+from gateway.logprobs_format import chat_logprobs, completion_logprobs, prompt_logprobs
+from gateway.prompts import Prompt
+from turnout.v1.common_pb2 import PositionLogprobs, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -36,14 +42,53 @@ class Head:
         }
 
 
+@dataclass(frozen=True)
+class View:
+    """What a response shows besides the text, as the request asked."""
+
+    # Alternatives per token when logprobs were asked for (chat: top_logprobs, else 0); None: no logprobs.
+    logprobs: int | None = None
+    # vLLM `return_tokens_as_token_ids`: tokens shown as "token_id:{id}".
+    as_token_ids: bool = False
+    # vLLM `prompt_logprobs`: alternatives per prompt position; None: not asked for.
+    prompt_logprobs: int | None = None
+    # Completions `echo`: one per prompt, in prompt order; empty without echo.
+    echoes: Sequence[Prompt] = ()
+
+    def completion_logprobs(
+        self, positions: Sequence[PositionLogprobs], offset: int = 0, first: TokenLogprob | None = None
+    ) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        return completion_logprobs(
+            positions, top_n=self.logprobs, as_token_ids=self.as_token_ids, offset=offset, first=first
+        )
+
+    def chat_logprobs(self, positions: Sequence[PositionLogprobs]) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        return chat_logprobs(positions, top_n=self.logprobs, as_token_ids=self.as_token_ids)
+
+    def whole_choice(self, sample: Sample) -> tuple[str, dict[str, Any] | None]:
+        """A finished completions choice's text and logprobs, the prompt's leading them with echo."""
+        if not self.echoes:
+            return sample.text, self.completion_logprobs(sample.logprobs)
+        echo = self.echoes[sample.prompt]
+        logprobs = self.completion_logprobs([*sample.input_logprobs, *sample.logprobs], first=echo.first)
+        return echo.text + sample.text, logprobs
+
+
 def finish(sample: Sample) -> tuple[str, int | str | None]:
-    """OpenAI `finish_reason` and vLLM `stop_reason` (the matched token id, stop string or regex)."""
+    """OpenAI `finish_reason` and vLLM `stop_reason`: the matched stop token id, string or regex
+    pattern; null for the model's EOS and for length."""
     reason = sample.finish_reason
     assert reason is not None, "only finished samples have a finish reason"
     if reason.WhichOneof("kind") == "length":
         return "length", None
     matched = reason.stop.WhichOneof("matched")
-    return "stop", getattr(reason.stop, matched) if matched else None
+    if matched is None or matched == "eos_token_id":
+        return "stop", None
+    return "stop", getattr(reason.stop, matched)
 
 
 def usage(samples: Sequence[Sample]) -> dict[str, Any]:
@@ -64,23 +109,25 @@ def usage(samples: Sequence[Sample]) -> dict[str, Any]:
     }
 
 
-def completion_body(head: Head, samples: Sequence[Sample]) -> dict[str, Any]:
+def completion_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, Any]:
     choices = []
     for s in samples:
+        text, logprobs = view.whole_choice(s)
         finish_reason, stop_reason = finish(s)
-        choices.append(
-            {
-                "index": s.index,
-                "text": s.text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }
-        )
+        choice = {
+            "index": s.index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+        }
+        if view.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(s.input_logprobs, view.prompt_logprobs)
+        choices.append(choice)
     return {**head.fields("text_completion"), "choices": choices, "usage": usage(samples)}
 
 
-def chat_body(head: Head, samples: Sequence[Sample]) -> dict[str, Any]:
+def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, Any]:
     choices = []
     for s in samples:
         finish_reason, stop_reason = finish(s)
@@ -88,26 +135,42 @@ def chat_body(head: Head, samples: Sequence[Sample]) -> dict[str, Any]:
             {
                 "index": s.index,
                 "message": {"role": "assistant", "content": s.text},
-                "logprobs": None,
+                "logprobs": view.chat_logprobs(s.logprobs),
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }
         )
-    return {**head.fields("chat.completion"), "choices": choices, "usage": usage(samples)}
+    body = {**head.fields("chat.completion"), "choices": choices, "usage": usage(samples)}
+    if view.prompt_logprobs is not None:
+        # One prompt: vLLM puts its logprobs beside the choices.
+        body["prompt_logprobs"] = prompt_logprobs(samples[0].input_logprobs, view.prompt_logprobs)
+    return body
 
 
 async def completion_chunks(
-    head: Head, generation: Generation, include_usage: bool
+    head: Head, view: View, generation: Generation, include_usage: bool
 ) -> AsyncGenerator[dict[str, Any], None]:
+    """With echo the prompt leads each choice's first chunk. With echo and logprobs the prompt's
+    logprobs come only with the end of the sample, so such a choice is sent whole at its end."""
     base = head.fields("text_completion")
     if include_usage:
         base["usage"] = None
+    whole = bool(view.echoes) and view.logprobs is not None
+    unechoed = {s.index for s in generation.samples} if view.echoes else set()
+    # Characters of each choice's text sent so far: where the next chunk's text_offset starts.
+    sent = {s.index: 0 for s in generation.samples}
 
-    def chunk(index: int, text: str, finish_reason: str | None, stop_reason: int | str | None) -> dict[str, Any]:
+    def chunk(
+        index: int,
+        text: str,
+        logprobs: dict[str, Any] | None,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+    ) -> dict[str, Any]:
         choice = {
             "index": index,
             "text": text,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
@@ -115,26 +178,43 @@ async def completion_chunks(
 
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
+            s = event.sample
+            if whole:
+                if event.done:
+                    yield chunk(s.index, *view.whole_choice(s))
+                    yield chunk(s.index, "", None, *finish(s))
+                continue
+            prefix = view.echoes[s.prompt].text if s.index in unechoed else ""
+            unechoed.discard(s.index)
+            positions = event.logprobs if view.logprobs is not None else ()
+            if prefix or event.text or positions:
+                logprobs = view.completion_logprobs(positions, offset=sent[s.index] + len(prefix))
+                yield chunk(s.index, prefix + event.text, logprobs)
+                sent[s.index] += len(prefix) + len(event.text)
             if event.done:
-                yield chunk(event.sample.index, "", *finish(event.sample))
-            elif event.text:
-                yield chunk(event.sample.index, event.text, None, None)
+                yield chunk(s.index, "", None, *finish(s))
     if include_usage:
         yield {**base, "choices": [], "usage": usage(generation.samples)}
 
 
-async def chat_chunks(head: Head, generation: Generation, include_usage: bool) -> AsyncGenerator[dict[str, Any], None]:
+async def chat_chunks(
+    head: Head, view: View, generation: Generation, include_usage: bool
+) -> AsyncGenerator[dict[str, Any], None]:
     base = head.fields("chat.completion.chunk")
     if include_usage:
         base["usage"] = None
 
     def chunk(
-        index: int, delta: dict[str, str], finish_reason: str | None = None, stop_reason: int | str | None = None
+        index: int,
+        delta: dict[str, str],
+        logprobs: dict[str, Any] | None = None,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
     ) -> dict[str, Any]:
         choice = {
             "index": index,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
@@ -145,8 +225,9 @@ async def chat_chunks(head: Head, generation: Generation, include_usage: bool) -
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
             if event.done:
-                yield chunk(event.sample.index, {}, *finish(event.sample))
-            elif event.text:
-                yield chunk(event.sample.index, {"content": event.text})
+                yield chunk(event.sample.index, {}, None, *finish(event.sample))
+            elif event.text or (view.logprobs is not None and event.logprobs):
+                # Tokens whose text is held back (stop-string matching) still show their logprobs.
+                yield chunk(event.sample.index, {"content": event.text}, view.chat_logprobs(event.logprobs))
     if include_usage:
         yield {**base, "choices": [], "usage": usage(generation.samples)}

@@ -2,18 +2,24 @@
 
 Validation policy, chosen deliberately:
 
+- Values are checked in one place, the engine: it knows the vocabulary, the
+  context length and `--max-logprobs`, and its INVALID_ARGUMENT messages reach
+  the client verbatim as 400s (see `errors`). So these models check types,
+  never ranges: `"temperature": -1` goes to the engine, which refuses it.
 - Models are strict: `"temperature": "0.7"` or `"max_tokens": 1.5` is a 400,
-  never a silent coercion.
+  never a silent coercion. An integer is bounded only by the width of the
+  proto field it travels in (a token id or a count is a uint32): a value the
+  proto cannot hold cannot reach the engine.
 - Unknown fields are a 400 (`extra="forbid"`). vLLM ignores them with a
   warning; we refuse because a sampling parameter silently ignored (a typo, or
   one we do not implement) gives the client output it did not ask for. Fields
   that never change the output (`user`, `metadata`, `store`, ...) are declared
   and accepted.
-- Parameters we know but cannot honour yet (`logprobs`, `tools`, ...) are
-  declared so that their harmless values (null, false, "none") pass; any other
-  value is refused by `convert` with a 400 naming the parameter.
-
-Range checks live on the fields so that the error names the field.
+- Parameters we know but cannot honour yet (`suffix`, `tools`, beam search,
+  structured outputs in OpenAI bodies, ...) are declared so that their
+  harmless values (null, false, "none") pass; any other value is refused by
+  `convert` with a 400 naming the parameter. `convert` also makes the checks
+  about the request's own shape (`stream_options` without `stream`, ...).
 """
 
 from __future__ import annotations
@@ -22,15 +28,63 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-TokenId = Annotated[int, Field(ge=0, le=2**32 - 1)]
-Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-Count = Annotated[int, Field(ge=1, le=2**32 - 1)]
-NonNegativeCount = Annotated[int, Field(ge=0, le=2**32 - 1)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# Integers as wide as their proto fields.
+U32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
+I32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+I64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SamplingFields(_Body):
+    """Sampling parameters spelled the same in OpenAI bodies (vLLM, Aphrodite and
+    SGLang extras, sent as top-level fields) and in `/generate`'s `sampling_params`."""
+
+    n: U32 | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: I32 | None = None
+    min_p: float | None = None
+    seed: I64 | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    # Token id (as a string: JSON keys are strings) -> bias.
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[U32] | None = None
+    bad_words: list[str] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[U32] | None = None
+    stop_regex: str | list[str] | None = None
+    ignore_eos: bool | None = None
+    # SGLang's name; vLLM's `include_stop_str_in_output` is the same switch.
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    truncate_prompt_tokens: U32 | None = None
+    add_special_tokens: bool | None = None
+
+    # Aphrodite's samplers.
+    typical_p: float | None = None
+    tfs: float | None = None
+    top_a: float | None = None
+    eta_cutoff: float | None = None
+    epsilon_cutoff: float | None = None
+    smoothing_factor: float | None = None
+    smoothing_curve: float | None = None
+    dynatemp_min: float | None = None
+    dynatemp_max: float | None = None
+    dynatemp_exponent: float | None = None
+    xtc_threshold: float | None = None
+    xtc_probability: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: U32 | None = None
+    dry_sequence_breakers: list[str] | None = None
+    no_repeat_ngram_size: U32 | None = None
+    nsigma: float | None = None
 
 
 class StreamOptions(_Body):
@@ -38,37 +92,23 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool | None = None
 
 
-class OpenAIRequest(_Body):
+class OpenAIRequest(SamplingFields):
     """Fields shared by `/v1/completions` and `/v1/chat/completions`."""
 
     # Empty or missing: the router's default (only) model.
     model: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: Count | None = None
-    max_tokens: Count | None = None
-    temperature: Annotated[float, Field(ge=0.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    seed: Seed | None = None
-    stop: str | list[str] | None = None
-    # Token id (as a string, JSON keys are strings) -> bias in [-100, 100].
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
-
-    # vLLM / SGLang extra sampling parameters.
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    min_tokens: NonNegativeCount | None = None
-    stop_token_ids: list[TokenId] | None = None
+    max_tokens: U32 | None = None
+    min_tokens: U32 | None = None
     include_stop_str_in_output: bool | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    add_special_tokens: bool | None = None
-    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
+    priority: I32 | None = None
     request_id: str | None = None
+
+    # vLLM: the log-probabilities of the prompt's tokens, with this many alternatives.
+    prompt_logprobs: U32 | None = None
+    # vLLM: show tokens as "token_id:{id}" in logprobs.
+    return_tokens_as_token_ids: bool | None = None
 
     # Accepted because they never change the output.
     user: str | None = None
@@ -79,21 +119,21 @@ class OpenAIRequest(_Body):
     prompt_cache_key: str | None = None
 
     # Known but not honoured yet: only their "off" values pass (see convert).
-    echo: bool | None = None
     response_format: dict[str, Any] | None = None
     use_beam_search: bool | None = None
-    truncate_prompt_tokens: int | None = None
-    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(OpenAIRequest):
     """`POST /v1/completions`."""
 
     # One prompt (text or token ids) or a batch of them.
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    prompt: str | list[str] | list[U32] | list[list[U32]]
+    best_of: U32 | None = None
+    # Return the sampled tokens' log-probabilities with this many alternatives.
+    logprobs: U32 | None = None
+    # Start the text (and the logprobs) with the prompt.
+    echo: bool | None = None
     suffix: str | None = None
-    best_of: Count | None = None
-    logprobs: NonNegativeCount | None = None
 
 
 class ContentPart(_Body):
@@ -131,7 +171,9 @@ class ChatCompletionRequest(OpenAIRequest):
 
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     # The newer name of max_tokens; wins when both are set.
-    max_completion_tokens: Count | None = None
+    max_completion_tokens: U32 | None = None
+    logprobs: bool | None = None
+    top_logprobs: U32 | None = None
 
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
@@ -142,36 +184,18 @@ class ChatCompletionRequest(OpenAIRequest):
     parallel_tool_calls: bool | None = None
     modalities: list[Literal["text"]] | None = None
 
-    # Known but not honoured yet.
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    # Known but not honoured yet (vLLM's chat `echo` repeats the last message).
+    echo: bool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
 
-class NativeSamplingParams(_Body):
+class NativeSamplingParams(SamplingFields):
     """SGLang `sampling_params`."""
 
     # An explicit null means "no limit but the context" (as in SGLang); absent means 128.
-    max_new_tokens: Count | None = None
-    min_new_tokens: NonNegativeCount | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = None
-    stop_regex: str | list[str] | None = None
-    temperature: Annotated[float, Field(ge=0.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    n: Count | None = None
-    seed: Seed | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    max_new_tokens: U32 | None = None
+    min_new_tokens: U32 | None = None
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
@@ -180,22 +204,24 @@ class NativeSamplingParams(_Body):
 
 
 class NativeGenerateRequest(_Body):
-    """SGLang `POST /generate`: exactly one of `text` / `input_ids`, each a prompt or a batch."""
+    """SGLang `POST /generate`: exactly one of `text` / `input_ids`, each a prompt or a batch.
+
+    The sampling and logprob options take one value for all prompts, or a list
+    with one per prompt.
+    """
 
     text: str | list[str] | None = None
-    input_ids: list[TokenId] | list[list[TokenId]] | None = None
-    # One dict for all prompts, or one per prompt.
+    input_ids: list[U32] | list[list[U32]] | None = None
     sampling_params: NativeSamplingParams | list[NativeSamplingParams] | None = None
     rid: str | list[str] | None = None
     stream: bool | None = False
     # Turnout extension: the served model; empty means the default one.
     model: str | None = None
-    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
+    priority: I32 | None = None
 
-    # Logprobs are not returned yet: `return_logprob` must stay off, and the
-    # options below only matter when it is on.
     return_logprob: bool | list[bool] | None = None
-    logprob_start_len: int | list[int] | None = None
-    top_logprobs_num: int | list[int] | None = None
-    token_ids_logprob: list[int] | list[list[int]] | None = None
-    return_text_in_logprobs: bool | None = None
+    # First prompt position with logprobs; -1 (SGLang's default): none of the prompt.
+    logprob_start_len: I32 | list[I32] | None = None
+    top_logprobs_num: U32 | list[U32] | None = None
+    token_ids_logprob: list[U32] | list[list[U32]] | None = None
+    return_text_in_logprobs: bool | list[bool] | None = None

@@ -21,6 +21,21 @@ class RouterClient:
     async def generate(self, requests: Sequence[inference_pb2.GenerateRequest]) -> Generation:
         return await Generation.start(self.stub, requests, self.timeout_s)
 
+    async def tokenize(self, model: str, text: str, add_special_tokens: bool | None) -> list[int]:
+        """`text` as the router encodes a text prompt (`add_special_tokens` None: the router's default)."""
+        request = inference_pb2.TokenizeRequest(model=model, text=text)
+        if add_special_tokens is not None:
+            request.add_special_tokens = add_special_tokens
+        reply = await self.stub.Tokenize(request, timeout=self.timeout_s)
+        return list(reply.input_ids)
+
+    async def detokenize(self, model: str, token_ids: Sequence[int], skip_special_tokens: bool | None) -> str:
+        request = inference_pb2.DetokenizeTextRequest(model=model, token_ids=token_ids)
+        if skip_special_tokens is not None:
+            request.skip_special_tokens = skip_special_tokens
+        reply = await self.stub.Detokenize(request, timeout=self.timeout_s)
+        return reply.text
+
     async def list_models(self, timeout_s: float | None = None) -> list[common_pb2.ModelInfo]:
         reply = await self.stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout_s or self.timeout_s)
         return list(reply.models)

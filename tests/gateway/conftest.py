@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -20,12 +20,48 @@ from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 Script = Callable[[inference_pb2.GenerateRequest, aio.ServicerContext], AsyncIterator[inference_pb2.GenerateResponse]]
 
 
-def chunk(index: int = 0, text: str = "", token_ids: tuple[int, ...] = (), completion: int = 0, **counts: int) -> Any:
+# The fake tokenizer: BOS, then one token per character.
+BOS = 1
+_CHAR_BASE = 100
+
+
+def fake_encode(text: str, add_special_tokens: bool = True) -> list[int]:
+    return ([BOS] if add_special_tokens else []) + [_CHAR_BASE + ord(c) for c in text]
+
+
+def fake_decode(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    return "".join(("" if skip_special_tokens else "<s>") if i == BOS else chr(i - _CHAR_BASE) for i in ids)
+
+
+def tok(token_id: int, logprob: float, text: str | None = None, *, rank: int = 1, raw: bytes | None = None) -> Any:
+    """A TokenLogprob; `text` and `raw` (token_bytes) only when given, as the router sends them."""
+    token = common_pb2.TokenLogprob(token_id=token_id, logprob=logprob, rank=rank)
+    if text is not None:
+        token.text = text
+    if raw is not None:
+        token.token_bytes = raw
+    return token
+
+
+def pos(token: Any, top: Sequence[Any] = (), requested: Sequence[Any] = ()) -> Any:
+    """A PositionLogprobs: the token at the position, its alternatives, the requested ids."""
+    return common_pb2.PositionLogprobs(token=token, top=top, requested=requested)
+
+
+def chunk(
+    index: int = 0,
+    text: str = "",
+    token_ids: tuple[int, ...] = (),
+    completion: int = 0,
+    logprobs: Sequence[Any] = (),
+    **counts: int,
+) -> Any:
     return inference_pb2.GenerateResponse(
         chunk=inference_pb2.GenerateChunk(
             index=index,
             text=text,
             token_ids=token_ids,
+            logprobs=logprobs,
             prompt_tokens=counts.get("prompt", 5),
             completion_tokens=completion,
             cached_tokens=counts.get("cached", 1),
@@ -33,8 +69,17 @@ def chunk(index: int = 0, text: str = "", token_ids: tuple[int, ...] = (), compl
     )
 
 
-def complete(index: int = 0, *, prompt: int = 5, completion: int = 3, cached: int = 1, **reason: Any) -> Any:
-    """A Complete message; `reason` is one of token_id=, stop_str=, regex=, length=, abort=, or nothing (stop)."""
+def complete(
+    index: int = 0,
+    *,
+    prompt: int = 5,
+    completion: int = 3,
+    cached: int = 1,
+    input_logprobs: Sequence[Any] = (),
+    **reason: Any,
+) -> Any:
+    """A Complete message; `reason` is one of token_id=, eos_token_id=, stop_str=, regex=, length=, abort=,
+    or nothing (stop)."""
     if "length" in reason:
         finish = common_pb2.FinishReason(length=common_pb2.FinishReason.Length(length=reason["length"]))
     elif "abort" in reason:
@@ -46,6 +91,7 @@ def complete(index: int = 0, *, prompt: int = 5, completion: int = 3, cached: in
             index=index,
             finish_reason=finish,
             usage=common_pb2.Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached),
+            input_logprobs=input_logprobs,
         )
     )
 
@@ -69,6 +115,8 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
     def __init__(self) -> None:
         self.address = ""
         self.requests: list[inference_pb2.GenerateRequest] = []
+        self.tokenize_requests: list[inference_pb2.TokenizeRequest] = []
+        self.detokenize_requests: list[inference_pb2.DetokenizeTextRequest] = []
         self.model_requests: list[str] = []
         self.models = [common_pb2.ModelInfo(name="tiny", path="/models/tiny", max_context_length=2048)]
         self.script: Script = default_script
@@ -85,6 +133,16 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+
+    async def Tokenize(self, request: Any, context: Any) -> Any:
+        self.tokenize_requests.append(request)
+        special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        return inference_pb2.TokenizeResponse(input_ids=fake_encode(request.text, special))
+
+    async def Detokenize(self, request: Any, context: Any) -> Any:
+        self.detokenize_requests.append(request)
+        skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        return inference_pb2.DetokenizeTextResponse(text=fake_decode(request.token_ids, skip))
 
     async def ListModels(self, request: Any, context: Any) -> Any:
         if self.list_error is not None:

@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
+import pytest
 
-from tests.gateway.conftest import FakeRouter, complete, sse_events
-
-SAMPLING_FIELDS = [
-    "max_new_tokens",
-    "min_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "no_stop_trim",
-    "n",
-    "seed",
-]
+from tests.gateway.conftest import FakeRouter, chunk, complete, sse_events
 
 
 async def test_models_list_shape(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
@@ -73,9 +58,8 @@ async def test_completion_shape_and_defaults(client: httpx.AsyncClient, fake_rou
     assert sent.request_id == body["id"]
     # OpenAI's default for completions, and nothing else set.
     assert sent.sampling_params.max_new_tokens == 16
-    unset = [f for f in SAMPLING_FIELDS if f != "max_new_tokens" and sent.sampling_params.HasField(f)]
-    assert unset == []
-    assert not sent.sampling_params.stop and not sent.sampling_params.logit_bias
+    assert [field.name for field, _ in sent.sampling_params.ListFields()] == ["max_new_tokens"]
+    assert not sent.HasField("logprob_options")
     assert not sent.HasField("add_special_tokens") and not sent.HasField("priority")
 
 
@@ -154,14 +138,49 @@ async def test_token_id_prompts(client: httpx.AsyncClient, fake_router: FakeRout
     assert sorted(list(r.input_ids.ids) for r in fake_router.requests[1:]) == [[4], [5, 6]]
 
 
-async def test_length_finish_reason(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(
+    ("reason", "finish_reason", "stop_reason"),
+    [
+        ({"token_id": 7}, "stop", 7),
+        ({"eos_token_id": 2}, "stop", None),
+        ({"stop_str": "END"}, "stop", "END"),
+        ({"regex": "x+"}, "stop", "x+"),
+        ({}, "stop", None),
+        ({"length": 16}, "length", None),
+    ],
+)
+async def test_finish_and_stop_reason(
+    client: httpx.AsyncClient,
+    fake_router: FakeRouter,
+    reason: dict[str, Any],
+    finish_reason: str,
+    stop_reason: int | str | None,
+    path: str,
+    stream: bool,
+) -> None:
     async def script(request, context):  # type: ignore[no-untyped-def]
-        yield complete(0, length=16)
+        yield chunk(0, "x", (5,), completion=1)
+        yield complete(0, **reason)
 
     fake_router.script = script
-    body = (await client.post("/v1/completions", json={"prompt": "x"})).json()
-    assert body["choices"][0]["finish_reason"] == "length"
-    assert body["choices"][0]["stop_reason"] is None
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    response = await client.post(path, json={**body, "stream": stream})
+    choices = [e["choices"][0] for e in sse_events(response.text)] if stream else response.json()["choices"]
+    last = choices[-1]
+    assert (last["finish_reason"], last["stop_reason"]) == (finish_reason, stop_reason)
+    assert "stop_reason" in last
+
+
+async def test_best_of_is_forwarded_and_n_choices_rendered(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    response = await client.post("/v1/completions", json={"prompt": "x", "n": 2, "best_of": 3})
+    assert [c["index"] for c in response.json()["choices"]] == [0, 1]
+    sp = fake_router.requests[0].sampling_params
+    assert (sp.n, sp.best_of) == (2, 3)
+    streamed = await client.post("/v1/completions", json={"prompt": "x", "n": 2, "best_of": 2, "stream": True})
+    assert streamed.status_code == 200
+    assert fake_router.requests[1].sampling_params.best_of == 2
 
 
 async def test_stream_framing_single_finish_and_usage(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:

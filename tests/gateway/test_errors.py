@@ -26,28 +26,38 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"temperature": -1}, "temperature"),
+        # Types (ranges are the engine's: see test_sampling).
         ({"temperature": "0.5"}, "temperature"),
-        ({"top_p": 0}, "top_p"),
-        ({"top_p": 1.5}, "top_p"),
-        ({"n": 0}, "n"),
-        ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 1.5}, "max_tokens"),
         ({"max_tokens": True}, "max_tokens"),
-        ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),
-        ({"presence_penalty": 3}, "presence_penalty"),
-        ({"top_k": -2}, "top_k"),
-        ({"stop": [""]}, "stop"),
+        ({"top_k": 1.5}, "top_k"),
+        ({"logprobs": True}, "logprobs"),
+        ({"bad_words": "x"}, "bad_words"),
+        ({"dry_sequence_breakers": [1]}, "dry_sequence_breakers[0]"),
         ({"stop": 5}, "stop"),
+        # What the proto cannot hold.
         ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
+        ({"allowed_token_ids": [2**32]}, "allowed_token_ids[0]"),
+        ({"truncate_prompt_tokens": -1}, "truncate_prompt_tokens"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"seed": 2**63}, "seed"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
-        ({"logit_bias": {"1": 101}}, "logit_bias.1"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {"4294967296": 1}}, "logit_bias"),
+        # The request's own shape.
+        ({"stop": [""]}, "stop"),
+        ({"stop_regex": ["a", ""]}, "stop_regex"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"guided_regex": "a+"}, "guided_regex"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [[]]}, "prompt"),
         ({"prompt": None}, "prompt"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"best_of": 3, "n": 2, "stream": True}, "best_of"),
+        ({"best_of": 2, "stream": True}, "best_of"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ({"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
+        ({"include_stop_str_in_output": True, "no_stop_trim": False}, "include_stop_str_in_output"),
     ],
 )
 async def test_completion_bad_request_is_400(
@@ -78,13 +88,9 @@ async def test_missing_required_field_and_malformed_json(client: httpx.AsyncClie
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/v1/completions", {"logprobs": 1}, "logprobs"),
-        ("/v1/completions", {"echo": True}, "echo"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
-        ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
-        ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
-        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("/v1/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
         ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
@@ -106,9 +112,30 @@ async def test_unsupported_parameters_are_refused(
 
 
 @pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": False, "top_logprobs": 0}, "top_logprobs"),
+        ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
+        ({"include_stop_str_in_output": False, "no_stop_trim": True}, "include_stop_str_in_output"),
+        ({"best_of": 2}, "best_of"),
+        ({"logprobs": 2}, "logprobs"),
+    ],
+)
+async def test_chat_bad_request_is_400(
+    client: httpx.AsyncClient, fake_router: FakeRouter, body: dict[str, Any], param: str
+) -> None:
+    response = await client.post("/v1/chat/completions", json={"messages": CHAT, **body})
+    assert_error(response, 400, param)
+    assert fake_router.requests == []
+
+
+@pytest.mark.parametrize(
     "body",
     [
         {"logprobs": False, "top_logprobs": None},
+        {"logprobs": True, "top_logprobs": 0},
+        {"include_stop_str_in_output": True, "no_stop_trim": True},
         {"tool_choice": "none", "tools": []},
         {"response_format": {"type": "text"}},
         {"echo": False, "user": "u", "metadata": {"a": "b"}, "store": False, "parallel_tool_calls": True},
@@ -117,6 +144,32 @@ async def test_unsupported_parameters_are_refused(
 async def test_harmless_values_pass(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
     response = await client.post("/v1/chat/completions", json={"messages": CHAT, **body})
     assert response.status_code == 200, response.text
+
+
+ENGINE_MESSAGE = "temperature must be a non-negative finite number, got -1"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "x", "temperature": -1}),
+        ("/v1/chat/completions", {"messages": CHAT, "temperature": -1}),
+        ("/generate", {"text": "x", "sampling_params": {"temperature": -1}}),
+    ],
+)
+async def test_engine_invalid_argument_reaches_the_client_verbatim(
+    client: httpx.AsyncClient, fake_router: FakeRouter, path: str, body: dict[str, Any], stream: bool
+) -> None:
+    async def engine(request, context):  # type: ignore[no-untyped-def]
+        if request.sampling_params.temperature < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, ENGINE_MESSAGE)
+        yield complete(0)
+
+    fake_router.script = engine
+    error = assert_error(await client.post(path, json={**body, "stream": stream}), 400)
+    assert error == {"message": ENGINE_MESSAGE, "type": "invalid_request_error", "param": None, "code": 400}
+    assert fake_router.requests[0].sampling_params.temperature == -1
 
 
 @pytest.mark.parametrize("stream", [False, True])
