@@ -4,7 +4,8 @@
    through our engine vs Hugging Face `transformers.generate` in static batches;
 2. shared prefix: requests sharing a long prefix, prefix caching on vs off;
 3. scheduler overhead: time per step outside the model forward, at a given number of
-   running requests.
+   running requests;
+4. sampling: the throughput workload with every sampler on (and logprobs) vs greedy.
 
     python -m benchmarks.bench_engine [--model PATH] [--requests 64] [--output-len 128]
 
@@ -23,9 +24,10 @@ import torch
 
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
-from services.engine.model_loader import load_model
+from services.engine.model_loader import LoadedModel, load_model
+from services.engine.model_runner import Batch, StepLogits
 from services.engine.request import EngineRequest
-from services.engine.sampling import resolve
+from services.engine.sampling_validation import Limits, resolve
 from turnout.v1 import common_pb2
 
 
@@ -36,29 +38,65 @@ def make_prompts(
     return [(prefix or []) + [rng.randrange(3, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
 
 
-def engine_requests(engine: LLMEngine, prompts: list[list[int]], output_len: int, tag: str) -> list[EngineRequest]:
-    params = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=output_len, ignore_eos=True)
+# Every sampler of docs/sampling.md on at once (dynamic temperature stands in for temperature), with
+# logprobs: the heaviest per-step sampling work a request can ask for.
+ALL_SAMPLERS = {
+    "top_p": 0.9,
+    "top_k": 50,
+    "min_p": 0.02,
+    "frequency_penalty": 0.3,
+    "presence_penalty": 0.3,
+    "repetition_penalty": 1.1,
+    "logit_bias": {5: 1.0, 6: -1.0},
+    "typical_p": 0.95,
+    "tfs": 0.95,
+    "top_a": 0.05,
+    "eta_cutoff": 3.0,
+    "epsilon_cutoff": 3.0,
+    "smoothing_factor": 0.3,
+    "dynatemp_min": 0.5,
+    "dynatemp_max": 1.2,
+    "xtc_threshold": 0.1,
+    "xtc_probability": 0.5,
+    "dry_multiplier": 0.8,
+    "no_repeat_ngram_size": 4,
+    "nsigma": 2.0,
+    "seed": 0,
+}
+
+
+def engine_requests(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    output_len: int,
+    tag: str,
+    sampling: dict[str, object] | None = None,
+    logprobs: common_pb2.LogprobOptions | None = None,
+) -> list[EngineRequest]:
     info = engine.loaded.info
-    return [
-        EngineRequest(
-            f"{tag}{i}",
-            tuple(p),
-            resolve(params, info.generation_defaults, prompt_len=len(p), max_model_len=info.max_context_length),
+    requests = []
+    for i, p in enumerate(prompts):
+        fields = {"temperature": 0.0, **(sampling or {}), "max_new_tokens": output_len, "ignore_eos": True}
+        if "seed" in fields:
+            fields["seed"] = i  # one seed per request, so requests differ but repeat across runs
+        params = common_pb2.SamplingParams(**fields)  # type: ignore[arg-type]
+        limits = Limits(len(p), info.max_context_length, info.vocab_size)
+        requests.append(
+            EngineRequest(f"{tag}{i}", tuple(p), resolve(params, info.generation_defaults, limits, logprobs))
         )
-        for i, p in enumerate(prompts)
-    ]
+    return requests
 
 
 def run_engine(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[float, int, list[tuple[float, float, int]]]:
     """Seconds, generated tokens, and per step (total s, forward s, running sequences)."""
     forward_time = 0.0
-    original: Callable[..., torch.Tensor] = engine.runner.run
+    original: Callable[[Batch], StepLogits] = engine.runner.run
 
-    def timed(batch: object) -> torch.Tensor:
+    def timed(batch: Batch) -> StepLogits:
         nonlocal forward_time
         start = time.perf_counter()
         logits = original(batch)
-        if logits.is_cuda:
+        if logits.sample.is_cuda:
             torch.cuda.synchronize()
         forward_time += time.perf_counter() - start
         return logits
@@ -76,7 +114,7 @@ def run_engine(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[float,
         outputs = engine.step()
         steps.append((time.perf_counter() - step_start, forward_time, running))
         generated += sum(len(o.output.token_ids) for o in outputs)
-    engine.runner.run = original  # type: ignore[method-assign]
+    engine.runner.run = original  # type: ignore[method-assign,assignment]
     return time.perf_counter() - start, generated, steps
 
 
@@ -124,6 +162,7 @@ def main() -> None:
     parser.add_argument("--prefix-len", type=int, default=512)
     parser.add_argument("--overhead-running", type=int, default=32)
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--only-samplers", action="store_true", help="run only the sampler comparison (4.)")
     args = parser.parse_args()
 
     if args.model is None:
@@ -138,9 +177,14 @@ def main() -> None:
         ("threads", str(torch.get_num_threads())),
     ]
 
-    # 1. Throughput.
     low, high = args.prompt_len
     prompts = make_prompts(args.requests, low, high, seed=0, vocab=vocab)
+    if args.only_samplers:
+        rows += sampler_rows(config, loaded, prompts, args.output_len)
+        print_table(rows)
+        return
+
+    # 1. Throughput.
     engine = LLMEngine(config, loaded)
     ours_s, ours_tokens, _ = run_engine(engine, engine_requests(engine, prompts, args.output_len, "t"))
     ours_tps = ours_tokens / ours_s
@@ -199,6 +243,31 @@ def main() -> None:
         )
     )
 
+    # 4. The full sampler vs greedy on the throughput workload.
+    rows += sampler_rows(config, loaded, prompts, args.output_len)
+    print_table(rows)
+
+
+def sampler_rows(
+    config: EngineConfig, loaded: LoadedModel, prompts: list[list[int]], output_len: int
+) -> list[tuple[str, str]]:
+    """Throughput with every sampler on (and top-5 logprobs) vs greedy, same requests, one run."""
+    logprobs = common_pb2.LogprobOptions(return_logprob=True, top_logprobs_num=5)
+    results = {}
+    for name, sampling, options in (("greedy", None, None), ("all samplers", ALL_SAMPLERS, logprobs)):
+        engine = LLMEngine(config, loaded)
+        seconds, tokens, _ = run_engine(engine, engine_requests(engine, prompts, output_len, "s", sampling, options))
+        results[name] = tokens / seconds
+    ratio = results["all samplers"] / results["greedy"]
+    return [
+        (
+            f"all samplers + top-5 logprobs vs greedy, {len(prompts)} requests, {output_len} out",
+            f"{results['all samplers']:.1f} vs {results['greedy']:.1f} tok/s = **{ratio:.2f}x**",
+        )
+    ]
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
     print("| measurement | result |\n| --- | --- |")
     for name, value in rows:
         print(f"| {name} | {value} |")
