@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from grpc import aio
 
+from services.router import dispatch
 from services.router.engine_pool import EnginePool
 from services.router.tokenizer_pool import TokenizerPool
 from turnout.errors import InvalidArgument, Unavailable
@@ -91,7 +92,6 @@ async def generate(
     input_ids = await encode_prompt(request, tokenizers)
     params = request.sampling_params
     request_id = request.request_id or uuid.uuid4().hex
-    engine = engines.pick(model.name)
     engine_request = engine_pb2.EngineGenerateRequest(
         request_id=request_id,
         input_ids=input_ids,
@@ -109,14 +109,14 @@ async def generate(
     for flag in ("skip_special_tokens", "spaces_between_special_tokens"):
         if params.HasField(flag):
             setattr(start, flag, getattr(params, flag))
-    log.info("generate", extra={"request_id": request_id, "engine": engine.address, "prompt_tokens": len(input_ids)})
+    log.info("generate", extra={"request_id": request_id, "prompt_tokens": len(input_ids)})
 
     tokenizer = tokenizers.pick()
     samples: dict[int, SampleText] = {}
     ended: set[int] = set()
     num_samples = params.n if params.HasField("n") else 1
-    call = engine.stub.Generate(engine_request)
-    with engine.track():
+    # Picks the engine; retries one that fails before output elsewhere, turns a later failure into aborts.
+    async with dispatch.open_stream(engines, model.name, engine_request) as call:
         try:
             async for response in call:
                 if response.WhichOneof("kind") == "chunk":
