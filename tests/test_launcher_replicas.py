@@ -36,9 +36,14 @@ def test_one_engine_per_gpu_and_the_router_knows_them_all(monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize(("argv", "gpus"), [(["--engines", "2"], None), (["--engines", "2", "--device", "cpu"], "0,1")])
-def test_no_gpu_pinning_without_several_gpus_or_on_cpu(
+def test_cpu_replicas_split_the_cores_instead_of_pinning_gpus(
     monkeypatch: pytest.MonkeyPatch, argv: list[str], gpus: str | None
 ) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 8)
+    stack = stack_for(monkeypatch, argv, gpus)
+    assert [c.env for c in stack.children[:2]] == [{"OMP_NUM_THREADS": "4"}] * 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
     stack = stack_for(monkeypatch, argv, gpus)
     assert [c.env for c in stack.children[:2]] == [{}, {}]
 

@@ -2,7 +2,8 @@
 
 `--engines N` starts N engine replicas behind the router (data parallelism):
 on a machine with several GPUs each replica sees one (`CUDA_VISIBLE_DEVICES`),
-round-robin over the GPUs when there are more replicas than GPUs.
+round-robin over the GPUs when there are more replicas than GPUs; on the CPU the
+replicas split the cores between their thread pools (`OMP_NUM_THREADS`).
 
 Start order: engines and tokenizer, then the router, then the gateway; each is
 waited for until healthy. Stop order is the reverse. On SIGTERM/SIGINT, or when
@@ -85,9 +86,19 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def replica_env(replica: int, gpus: list[str], device: str) -> dict[str, str]:
-    """Environment overrides of engine replica `replica`: its own GPU when there are several."""
-    if device == "cpu" or len(gpus) < 2:
+def replica_env(replica: int, replicas: int, gpus: list[str], device: str) -> dict[str, str]:
+    """Environment overrides of engine replica `replica` of `replicas`.
+
+    With several GPUs each replica gets its own. Replicas running on the CPU share
+    its cores instead of each starting a thread pool as wide as the machine (unless
+    OMP_NUM_THREADS says otherwise).
+    """
+    on_cpu = device == "cpu" or (device == "auto" and not gpus)
+    if on_cpu:
+        if replicas < 2 or "OMP_NUM_THREADS" in os.environ:
+            return {}
+        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas))}
+    if len(gpus) < 2:
         return {}
     return {"CUDA_VISIBLE_DEVICES": gpus[replica % len(gpus)]}
 
@@ -183,7 +194,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
             engine += ["--max-model-len", str(args.max_model_len)]
         name = "engine" if args.engines == 1 else f"engine{i}"
         healthy = functools.partial(grpc_healthy, f"127.0.0.1:{port}")
-        engines.append(Child(name, engine + common, healthy, 0, replica_env(i, gpus, args.device)))
+        engines.append(Child(name, engine + common, healthy, 0, replica_env(i, args.engines, gpus, args.device)))
     tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
     if args.chat_template:
         tokenizer += ["--chat-template", args.chat_template]
