@@ -1,9 +1,10 @@
 """The router in front of three real tiny engines, every service a process on loopback.
 
-Engine 0 is the slow one, honestly: it runs with `--max-running-requests 1`, so it
-serves one request at a time while the others batch. Each test starts its own
-router process (policies are a router flag); engines and the tokenizer are shared
-by the module. The kill test runs last: it SIGKILLs engine 2 and restarts it.
+Engine 0 is the slow one: it runs with `--max-running-requests 1` (one request at a
+time while the others batch) and the router reaches it through `SlowLink`, a proxy
+that holds each streamed chunk for 100 ms (see slow_link.py for why). Each test starts
+its own router process (policies are a router flag); engines and the tokenizer are
+shared by the module. The kill test runs last: it SIGKILLs engine 2 and restarts it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from grpc import aio
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from tests.e2e.services import Service
+from tests.e2e.slow_link import SlowLink
 from tests.e2e.stack import start_stack
+from turnout.launcher import free_port
 from turnout.v1 import (
     common_pb2,
     engine_pb2,
@@ -46,7 +49,13 @@ UNHEALTHY = router_admin_pb2.EngineStatus.HEALTH_UNHEALTHY
 class Backends:
     engines: list[Service]
     tokenizer: Service
+    slow: SlowLink
     logs: Path
+
+    @property
+    def routes(self) -> list[str]:
+        """What the router is given: the slow engine through its proxy, the others directly."""
+        return [self.slow.address, *(e.address for e in self.engines[1:])]
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +69,16 @@ def backends(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     ]
     tokenizer = Service("tokenizer", ["tokenizer", *model], logs / "tokenizer.log")
     services = [*engines, tokenizer]
+    slow = SlowLink(engines[0].address, delay_s=0.1).start()
     try:
         for service in services:
             service.start()
         for service in services:
             service.wait_healthy()
-        yield Backends(engines, tokenizer, logs)
+        yield Backends(engines, tokenizer, slow, logs)
     finally:
         stop_all(services)
+        slow.stop()
 
 
 def stop_all(services: list[Service]) -> None:
@@ -101,9 +112,9 @@ class Router:
             )
         return reply.active_requests, reply.queued_requests
 
-    async def requests_by_engine(self, engines: list[Service]) -> list[int]:
+    async def requests_by_engine(self, addresses: list[str]) -> list[int]:
         statuses = await self.statuses()
-        return [statuses[e.address].requests_total for e in engines]
+        return [statuses[a].requests_total for a in addresses]
 
     async def generate(self, input_ids: list[int], max_new_tokens: int = 8) -> list[inference_pb2.GenerateResponse]:
         async with aio.insecure_channel(self.address) as channel:
@@ -131,10 +142,10 @@ async def wait_for(condition: Callable[[], Any], timeout_s: float = 20.0) -> Non
 def start_router(backends: Backends) -> Iterator[Callable[..., Router]]:
     started: list[Service] = []
 
-    def start(*flags: str, engines: list[Service] | None = None) -> Router:
+    def start(*flags: str, engines: list[str] | None = None) -> Router:
         args = ["router", "--tokenizer", backends.tokenizer.address, *flags]
-        for engine in backends.engines if engines is None else engines:
-            args += ["--engine", engine.address]
+        for address in backends.routes if engines is None else engines:
+            args += ["--engine", address]
         service = Service("router", args, backends.logs / f"router{len(started)}.log").start()
         started.append(service)
         service.wait_healthy(30)
@@ -169,7 +180,7 @@ async def test_round_robin_spreads_evenly(start_router: Callable[..., Router], b
     rng = random.Random(1)
     for _ in range(9):
         await router.generate(prompt(rng), max_new_tokens=4)
-    assert await router.requests_by_engine(backends.engines) == [3, 3, 3]
+    assert await router.requests_by_engine(backends.routes) == [3, 3, 3]
 
 
 @pytest.mark.parametrize("policy", ["least_load", "power_of_two"])
@@ -181,12 +192,12 @@ async def test_load_aware_policies_send_fewer_requests_to_the_slow_engine(
     rng = random.Random(2)
 
     async def client() -> None:
-        for _ in range(4):
-            await router.generate(prompt(rng), max_new_tokens=32)
+        for _ in range(6):
+            await router.generate(prompt(rng), max_new_tokens=16)
 
     await asyncio.gather(*(client() for _ in range(8)))
-    slow, *fast = await router.requests_by_engine(backends.engines)
-    assert slow + sum(fast) == 32
+    slow, *fast = await router.requests_by_engine(backends.routes)
+    assert slow + sum(fast) == 48
     assert slow < min(fast), (slow, fast)
 
 
@@ -201,9 +212,9 @@ async def test_cache_aware_keeps_shared_prefixes_together_and_spreads_the_rest(
     cached: list[list[int]] = [[] for _ in families]
     for _ in range(3):
         for f, prefix in enumerate(families):
-            before = await router.requests_by_engine(backends.engines)
+            before = await router.requests_by_engine(backends.routes)
             responses = await router.generate([*prefix, *prompt(rng, 8)], max_new_tokens=2)
-            after = await router.requests_by_engine(backends.engines)
+            after = await router.requests_by_engine(backends.routes)
             engines_of[f] |= {i for i in range(3) if after[i] > before[i]}
             cached[f].append(responses[-1].complete.usage.cached_tokens)
     assert all(len(used) == 1 for used in engines_of), engines_of  # each family stayed on one engine
@@ -264,7 +275,7 @@ async def test_gateway_answers_429_when_full_and_503_without_engines(
     start_router: Callable[..., Router], backends: Backends
 ) -> None:
     full = start_router("--max-concurrent-requests", "1", "--max-queued-requests", "0")
-    nothing = start_router(engines=[Service("nowhere", [], backends.logs / "unused.log")])  # nothing listens there
+    nothing = start_router(engines=[f"127.0.0.1:{free_port()}"])  # nothing listens there
     await wait_for(all_routable(full))
     body = {"input_ids": prompt(random.Random(6)), "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
 
@@ -336,7 +347,7 @@ async def test_killed_engine_under_load(start_router: Callable[..., Router], bac
             outcome = Outcome(time.monotonic())
             outcomes.append(outcome)
             try:
-                async for response in stub.Generate(request(prompt(rng), 48), timeout=30):
+                async for response in stub.Generate(request(prompt(rng), 24), timeout=30):
                     if response.WhichOneof("kind") == "chunk":
                         outcome.had_output = True
                     else:
