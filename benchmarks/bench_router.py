@@ -162,15 +162,22 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
         asyncio.run(through_gateway(stack.url, warm, 8))
         asyncio.run(direct(engine, warm, 8))
         rows = []
-        # Alternate the two paths so drift on a shared machine hits both alike.
+        # Every run gets prompts of its own: a prompt seen before would be a prefix-cache hit.
+        # The two paths take turns going first, so drift on a shared machine hits both alike.
         runs: dict[str, list[Run]] = {"direct": [], "gateway": []}
         for r in range(args.repeats):
-            prompts = make_prompts(n, length, seed=r)
-            runs["direct"].append(asyncio.run(direct(engine, prompts, out)))
-            runs["gateway"].append(asyncio.run(through_gateway(stack.url, prompts, out)))
-        singles, single_out = make_prompts(args.single_requests, length, seed=1000), args.single_output_len
-        single_direct = asyncio.run(sequential(lambda p: direct(engine, p, single_out), singles))
-        single_gateway = asyncio.run(sequential(lambda p: through_gateway(stack.url, p, single_out), singles))
+            order = ["direct", "gateway"] if r % 2 == 0 else ["gateway", "direct"]
+            for k, path in enumerate(order):
+                prompts = make_prompts(n, length, seed=2 * r + k)
+                if path == "direct":
+                    runs[path].append(asyncio.run(direct(engine, prompts, out)))
+                else:
+                    runs[path].append(asyncio.run(through_gateway(stack.url, prompts, out)))
+        single_out = args.single_output_len
+        singles_d = make_prompts(args.single_requests, length, seed=1000)
+        singles_g = make_prompts(args.single_requests, length, seed=2000)
+        single_direct = asyncio.run(sequential(lambda p: direct(engine, p, single_out), singles_d))
+        single_gateway = asyncio.run(sequential(lambda p: through_gateway(stack.url, p, single_out), singles_g))
     finally:
         stack.stop()
     d_tp = statistics.median(r.throughput for r in runs["direct"])

@@ -93,8 +93,6 @@ class EngineStream:
         self._request = request
         self._call: aio.UnaryStreamCall | None = None
         self._responses = self._run()
-        # The engine that served (or last tried) the request.
-        self.engine: EngineClient | None = None
 
     def __aiter__(self) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
         return self._responses
@@ -151,7 +149,6 @@ class EngineStream:
 
         Raises `_RetryElsewhere` when it failed before any output and may be retried.
         """
-        self.engine = engine
         engine.requests_total += 1
         engine.breaker.on_dispatch()
         call = self._call = engine.stub.Generate(self._request)

@@ -33,6 +33,9 @@ from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# Channels of removed engines being closed once their last stream ended (held so the tasks are not collected).
+_closing: set[asyncio.Task[None]] = set()
+
 # A restarted engine must be reconnected within seconds, not after gRPC's default
 # exponential backoff (up to two minutes) has run its course.
 ENGINE_CHANNEL_OPTIONS = [
@@ -89,7 +92,9 @@ class EngineClient:
         finally:
             self.in_flight -= 1
             if self.removed and self.in_flight == 0:
-                asyncio.get_running_loop().create_task(self.channel.close())
+                task = asyncio.get_running_loop().create_task(self.channel.close())
+                _closing.add(task)
+                task.add_done_callback(_closing.discard)
 
 
 class EnginePool:
