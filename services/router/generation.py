@@ -123,7 +123,8 @@ async def generate(
                     chunk = response.chunk
                     if chunk.index in ended:
                         continue
-                    sample = samples.setdefault(chunk.index, SampleText(tokenizer, start))
+                    # Not setdefault(): its argument would open a new Detokenize stream for every chunk.
+                    sample = samples.get(chunk.index) or samples.setdefault(chunk.index, SampleText(tokenizer, start))
                     text = await sample.push(list(chunk.token_ids), last=False)
                     yield _chunk(chunk.index, text.text, chunk.token_ids, chunk)
                     if text.HasField("matched_stop"):
@@ -139,7 +140,7 @@ async def generate(
                     if done.index in ended:
                         continue
                     ended.add(done.index)
-                    sample = samples.setdefault(done.index, SampleText(tokenizer, start))
+                    sample = samples.get(done.index) or samples.setdefault(done.index, SampleText(tokenizer, start))
                     ids = list(done.token_ids)
                     feed = ids[:-1] if ids and _stop_token_trimmed(done.finish_reason, params) else ids
                     text = await sample.push(feed, last=True)

@@ -126,10 +126,14 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
     """Encode: one token per character. Detokenize: token t becomes the text "<t>"."""
 
+    def __init__(self) -> None:
+        self.streams = 0
+
     async def Encode(self, request: Any, context: Any) -> Any:
         return tokenizer_pb2.EncodeResponse(input_ids=[ord(c) for c in request.text])
 
     async def Detokenize(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        self.streams += 1
         async for request in request_iterator:
             if request.WhichOneof("kind") == "tokens":
                 yield tokenizer_pb2.DetokenizeResponse(text="".join(f"<{t}>" for t in request.tokens.token_ids))
@@ -153,6 +157,7 @@ class Cluster:
     runtime: RouterRuntime
     inference: inference_pb2_grpc.InferenceStub
     admin: router_admin_pb2_grpc.RouterAdminStub
+    tokenizer: FakeTokenizer
 
     async def generate(self, prompt: str = "hello", **params: Any) -> list[inference_pb2.GenerateResponse]:
         request = inference_pb2.GenerateRequest(text=prompt, sampling_params=common_pb2.SamplingParams(**params))
@@ -203,7 +208,8 @@ async def make_cluster() -> AsyncIterator[Callable[..., Any]]:
         for engine in engines:
             await engine.start()
         tokenizer_server = aio.server()
-        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(FakeTokenizer(), tokenizer_server)
+        tokenizer = FakeTokenizer()
+        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(tokenizer, tokenizer_server)
         tokenizer_port = tokenizer_server.add_insecure_port("127.0.0.1:0")
         await tokenizer_server.start()
         settings = {**FAST, **config}
@@ -222,7 +228,11 @@ async def make_cluster() -> AsyncIterator[Callable[..., Any]]:
         channel = aio.insecure_channel(f"127.0.0.1:{port}")
         stack.append((engines, runtime, server, tokenizer_server, [channel]))
         cluster = Cluster(
-            engines, runtime, inference_pb2_grpc.InferenceStub(channel), router_admin_pb2_grpc.RouterAdminStub(channel)
+            engines,
+            runtime,
+            inference_pb2_grpc.InferenceStub(channel),
+            router_admin_pb2_grpc.RouterAdminStub(channel),
+            tokenizer,
         )
         if wait:
             await cluster.wait_routable()

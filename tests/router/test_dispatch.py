@@ -273,11 +273,14 @@ async def test_load_accounting_returns_to_zero_after_a_burst_with_errors_and_can
 
 async def test_tokens_reach_the_caller_exactly_once_per_sample(make_cluster: Make) -> None:
     cluster = await make_cluster(1)
+    cluster.engines[0].tokens = 20
     responses = await cluster.generate("p", n=2)
+    await asyncio.sleep(0.05)
+    assert cluster.tokenizer.streams == 2  # one Detokenize stream per sample, not one per chunk
     chunks = [r.chunk for r in responses if r.WhichOneof("kind") == "chunk"]
     by_sample: dict[int, list[int]] = {}
     for chunk in chunks:
         by_sample.setdefault(chunk.index, []).extend(chunk.token_ids)
-    assert by_sample == {0: [100, 101, 102], 1: [100, 101, 102]}
-    assert [f.length.length for f in finish_of(responses)] == [3, 3]
+    assert by_sample == {0: list(range(100, 120)), 1: list(range(100, 120))}
+    assert [f.length.length for f in finish_of(responses)] == [20, 20]
     assert isinstance(finish_of(responses)[0], common_pb2.FinishReason)
