@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean bench bench-engine
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -47,7 +47,11 @@ format: install
 bench-engine: model
 	$(PY) -m benchmarks.bench_engine $(ARGS)
 
-bench: bench-engine
+# Router overhead (direct to an engine vs gateway + router) and scale-out over 1-3 engines (docs/benchmarks.md).
+bench-router: model
+	$(PY) -m benchmarks.bench_router $(ARGS)
+
+bench: bench-engine bench-router
 
 proto: install
 	$(PY) -m turnout.protogen

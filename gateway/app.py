@@ -8,13 +8,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import native_api, openai_api
+from gateway import engines_api, native_api, openai_api
 from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.router_client import RouterClient
 from turnout import __version__
 from turnout.grpc_server import insecure_channel
-from turnout.v1 import inference_pb2_grpc
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -25,7 +24,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         # The channel connects lazily: the gateway starts even when the router
         # is not up yet (/health says 503 until it is).
         channel = insecure_channel(config.router_address)
-        app.state.router = RouterClient(inference_pb2_grpc.InferenceStub(channel), config.request_timeout_s)
+        app.state.router = RouterClient.on_channel(channel, config.request_timeout_s)
         try:
             yield
         finally:
@@ -38,4 +37,5 @@ def create_app(config: GatewayConfig) -> FastAPI:
     install_handlers(app)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
+    app.include_router(engines_api.router)
     return app

@@ -5,18 +5,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from grpc import aio
 from starlette.requests import Request
 
 from gateway.generation import Generation
-from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, router_admin_pb2, router_admin_pb2_grpc
 
 
 @dataclass(frozen=True)
 class RouterClient:
-    """One stub on the app's channel, and the deadline every call gets."""
+    """The stubs on the app's channel, and the deadline every call gets."""
 
     stub: inference_pb2_grpc.InferenceStub
     timeout_s: float | None
+    admin: router_admin_pb2_grpc.RouterAdminStub | None = None
+
+    @classmethod
+    def on_channel(cls, channel: aio.Channel, timeout_s: float | None) -> RouterClient:
+        return cls(inference_pb2_grpc.InferenceStub(channel), timeout_s, router_admin_pb2_grpc.RouterAdminStub(channel))
 
     async def generate(self, requests: Sequence[inference_pb2.GenerateRequest]) -> Generation:
         return await Generation.start(self.stub, requests, self.timeout_s)
@@ -43,6 +49,11 @@ class RouterClient:
     async def model_info(self, model: str = "") -> common_pb2.ModelInfo:
         """The named model, or the default one for an empty name; NOT_FOUND when unknown."""
         return await self.stub.GetModelInfo(inference_pb2.ModelInfoRequest(model=model), timeout=self.timeout_s)
+
+    async def list_engines(self) -> router_admin_pb2.ListEnginesResponse:
+        """The router's engines with their health, load and counters (RouterAdmin.ListEngines)."""
+        assert self.admin is not None, "RouterClient built without the admin stub"
+        return await self.admin.ListEngines(router_admin_pb2.ListEnginesRequest(), timeout=self.timeout_s)
 
     async def model_name(self, requested: str | None) -> str:
         """The name to report in responses: the one asked for, else the default model's."""

@@ -35,7 +35,7 @@ CLI_FLAGS: dict[str, set[str]] = {
     "prepare-model": {"--output"},
     "engine": {"--model", "--served-model-name", "--host", "--port", "--device", "--dtype"},
     "tokenizer": {"--model", "--host", "--port"},
-    "router": {"--engine", "--tokenizer", "--host", "--port"},
+    "router": {"--engine", "--tokenizer", "--host", "--port", "--policy", "--dns-refresh-interval", "--metrics-port"},
     "gateway": {"--router", "--host", "--port"},
     "health": {"--timeout"},
 }
@@ -50,11 +50,12 @@ REQUIRED_FLAGS: dict[str, set[str]] = {
 POSITIONALS: dict[str, int] = {"health": 1}  # health ADDR
 REPEATABLE_FLAGS = {("router", "--engine"), ("router", "--tokenizer")}
 CHOICES: dict[tuple[str, str], set[str]] = {
+    ("router", "--policy"): {"round_robin", "random", "power_of_two", "least_load", "cache_aware"},
     ("engine", "--device"): {"cpu", "cuda"},
     ("engine", "--dtype"): {"auto", "float32", "bfloat16", "float16"},
 }
-INT_FLAGS = {"--port"}
-FLOAT_FLAGS = {"--timeout"}
+INT_FLAGS = {"--port", "--metrics-port"}
+FLOAT_FLAGS = {"--timeout", "--dns-refresh-interval"}
 DEFAULT_PORTS = {"gateway": 8000, "router": 50050, "engine": 50051, "tokenizer": 50052}
 # Flags whose value is the host:port of another service, and which service it must be.
 ADDRESS_FLAGS = {"--engine": "engine", "--tokenizer": "tokenizer", "--router": "router"}
@@ -454,6 +455,14 @@ def check_scaling(doc: Compose) -> list[str]:
     restart = services(doc)["model-init"].get("restart")
     if restart not in (None, "no", "on-failure"):
         problems.append(f"model-init: restart {restart!r} reruns a one-shot job forever")
+    # Replicas are found through the service's DNS name, which the router must look up again.
+    router = invocation(services(doc)["router"])
+    engines = router.options.get("--engine", [])
+    if engines != [f"engine:{DEFAULT_PORTS['engine']}"]:
+        problems.append(f"router: --engine {engines}: one --engine naming the scaled `engine` service is needed")
+    refresh = router.value("--dns-refresh-interval")
+    if refresh is not None and not 0 < float(refresh) <= 30:
+        problems.append(f"router: --dns-refresh-interval {refresh}: scaled replicas would wait too long for traffic")
     return problems
 
 
@@ -718,6 +727,8 @@ BROKEN_COMPOSE: dict[str, tuple[str, Callable[[Compose], None]]] = {
     "engine host port": ("scaling", _set("engine", "ports", ["50051:50051"])),
     "gateway port not published": ("scaling", _set("gateway", "ports", ["8000:8080"])),
     "model-init restarts": ("scaling", _set("model-init", "restart", "unless-stopped")),
+    "router pinned to one replica": ("scaling", _replace_arg("router", "engine:50051", "deploy-engine-1:50051")),
+    "DNS looked up once an hour": ("scaling", _replace_arg("router", "5", "3600")),
     "another image": ("image", _set("router", "image", "someone/else")),
     "wrong build context": ("image", _set("engine", "build", {"context": ".", "dockerfile": "Dockerfile"})),
 }

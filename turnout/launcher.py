@@ -1,6 +1,11 @@
-"""`turnout serve`: the whole stack on one machine as four child processes on loopback.
+"""`turnout serve`: the whole stack on one machine as child processes on loopback.
 
-Start order: engine and tokenizer, then the router, then the gateway; each is
+`--engines N` starts N engine replicas behind the router (data parallelism):
+on a machine with several GPUs each replica sees one (`CUDA_VISIBLE_DEVICES`),
+round-robin over the GPUs when there are more replicas than GPUs; on the CPU the
+replicas split the cores between their thread pools (`OMP_NUM_THREADS`).
+
+Start order: engines and tokenizer, then the router, then the gateway; each is
 waited for until healthy. Stop order is the reverse. On SIGTERM/SIGINT, or when
 any child dies, every child gets SIGTERM, then SIGKILL after a grace period;
 children also get SIGTERM from the kernel if the launcher itself dies.
@@ -11,7 +16,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import logging
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +34,8 @@ from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.router.config import POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +72,51 @@ def http_healthy(url: str) -> bool:
         return False
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else what nvidia-smi lists."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def replica_env(replica: int, replicas: int, gpus: list[str], device: str) -> dict[str, str]:
+    """Environment overrides of engine replica `replica` of `replicas`.
+
+    With several GPUs each replica gets its own. Replicas running on the CPU share
+    its cores instead of each starting a thread pool as wide as the machine (unless
+    OMP_NUM_THREADS says otherwise).
+    """
+    on_cpu = device == "cpu" or (device == "auto" and not gpus)
+    if on_cpu:
+        if replicas < 2 or "OMP_NUM_THREADS" in os.environ:
+            return {}
+        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas))}
+    if len(gpus) < 2:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": gpus[replica % len(gpus)]}
+
+
 @dataclass
 class Child:
     name: str
     argv: list[str]
     healthy: Callable[[], bool]
+    # Children of one stage start together; each stage waits for the previous one to be healthy.
+    stage: int = 0
+    env: dict[str, str] | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log.info("starting", extra={"child": self.name, "argv": self.argv})
-        self.process = subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
+        log.info("starting", extra={"child": self.name, "argv": self.argv, "env": self.env or {}})
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(self.argv, preexec_fn=_die_with_parent, env=env)
 
     @property
     def exited(self) -> int | None:
@@ -89,7 +134,8 @@ class Stack:
     def start(self, timeout_s: float) -> bool:
         """Start children in order, each healthy before the next; False if stopped or one failed."""
         deadline = time.monotonic() + timeout_s
-        for group in (self.children[:2], self.children[2:3], self.children[3:]):
+        for stage in sorted({c.stage for c in self.children}):
+            group = [c for c in self.children if c.stage == stage]
             for child in group:
                 child.start()
             pending = list(group)
@@ -132,30 +178,39 @@ class Stack:
 
 
 def build_stack(args: argparse.Namespace, model: Path) -> Stack:
-    ports = {name: getattr(args, f"{name}_port") or free_port() for name in ("engine", "tokenizer", "router")}
+    ports = {name: getattr(args, f"{name}_port") or free_port() for name in ("tokenizer", "router")}
+    engine_ports = [args.engine_port + i if args.engine_port else free_port() for i in range(args.engines)]
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     turnout = [sys.executable, "-m", "turnout.cli"]
     common = ["--log-level", args.log_level] if args.log_level else []
-    engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["engine"])]
-    engine += ["--device", args.device, "--dtype", args.dtype]
-    if args.served_model_name:
-        engine += ["--served-model-name", args.served_model_name]
-    if args.max_model_len:
-        engine += ["--max-model-len", str(args.max_model_len)]
+    gpus = visible_gpus() if args.engines > 1 else []
+    engines = []
+    for i, port in enumerate(engine_ports):
+        engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
+        engine += ["--device", args.device, "--dtype", args.dtype]
+        if args.served_model_name:
+            engine += ["--served-model-name", args.served_model_name]
+        if args.max_model_len:
+            engine += ["--max-model-len", str(args.max_model_len)]
+        name = "engine" if args.engines == 1 else f"engine{i}"
+        healthy = functools.partial(grpc_healthy, f"127.0.0.1:{port}")
+        engines.append(Child(name, engine + common, healthy, 0, replica_env(i, args.engines, gpus, args.device)))
     tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
     if args.chat_template:
         tokenizer += ["--chat-template", args.chat_template]
-    router = [*turnout, "router", "--engine", addr["engine"], "--tokenizer", addr["tokenizer"]]
+    router = [*turnout, "router", "--tokenizer", addr["tokenizer"], "--policy", args.policy]
+    for port in engine_ports:
+        router += ["--engine", f"127.0.0.1:{port}"]
     router += ["--host", "127.0.0.1", "--port", str(ports["router"])]
     gateway = [*turnout, "gateway", "--router", addr["router"], "--host", args.host, "--port", str(args.port)]
     probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     health_url = f"http://{probe_host}:{args.port}/health"
     return Stack(
         [
-            Child("engine", engine + common, lambda: grpc_healthy(addr["engine"])),
-            Child("tokenizer", tokenizer + common, lambda: grpc_healthy(addr["tokenizer"])),
-            Child("router", router + common, lambda: grpc_healthy(addr["router"])),
-            Child("gateway", gateway + common, lambda: http_healthy(health_url)),
+            *engines,
+            Child("tokenizer", tokenizer + common, lambda: grpc_healthy(addr["tokenizer"]), 0),
+            Child("router", router + common, lambda: grpc_healthy(addr["router"]), 1),
+            Child("gateway", gateway + common, lambda: http_healthy(health_url), 2),
         ]
     )
 
@@ -169,6 +224,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
     for name in ("engine", "tokenizer", "router"):
         parser.add_argument(f"--{name}-port", type=int, default=0, help=f"gRPC port of the {name} (default: free)")
+    parser.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engine replicas behind the router, one per GPU when there are several; with --engine-port, "
+        "replica i listens on that port + i (default: 1)",
+    )
+    parser.add_argument("--policy", default="cache_aware", choices=POLICIES, help="the router's routing policy")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=None)
@@ -187,6 +251,8 @@ def run(args: argparse.Namespace) -> int:
         args.model = prepare_default_model()
         args.served_model_name = args.served_model_name or SERVED_NAME
     model = args.model
+    if args.engines < 1:
+        raise SystemExit(f"turnout serve: --engines must be at least 1, got {args.engines}")
     if not (model / "config.json").is_file():
         raise SystemExit(f"turnout serve: --model {model}: no config.json there")
     stack = build_stack(args, model)

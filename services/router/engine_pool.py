@@ -1,92 +1,168 @@
-"""The engines the router sends work to, what model each serves, and its in-flight count.
+"""The engines the router sends work to: their channels, health, load and counters.
 
-Round-robin over engines whose model info is known. The in-flight count is held
-for the whole life of every stream (see `EngineClient.track`), so load-aware
-policies have real numbers to work with.
+Engines come and go at run time (static addresses, DNS names re-resolved on an
+interval, the RouterAdmin service); `engines` is in the order they were added,
+and policies break ties by that order. An engine is *routable* when its model
+is known, it is healthy and its circuit breaker lets requests through.
+
+Load is the router's own count of streams in flight on each engine, held for
+the whole life of every stream (`EngineClient.track`), plus whatever the
+engine reported in its last `GetLoad` beyond what this router had sent it
+(other routers' requests, clients calling the engine directly).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import itertools
 import logging
 from collections.abc import Iterator
 
-import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2_grpc
 
+from services.router.admission import Admission
+from services.router.circuit_breaker import CircuitBreaker
+from services.router.config import RouterConfig
+from services.router.health_checker import Health, HealthState
+from services.router.policies import Policy, make_policy
 from turnout.errors import NotFound, Unavailable
-from turnout.grpc_server import insecure_channel
+from turnout.grpc_server import CHANNEL_OPTIONS
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# Channels of removed engines being closed once their last stream ended (held so the tasks are not collected).
+_closing: set[asyncio.Task[None]] = set()
+
+# A restarted engine must be reconnected within seconds, not after gRPC's default
+# exponential backoff (up to two minutes) has run its course.
+ENGINE_CHANNEL_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
 
 class EngineClient:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, target: str, config: RouterConfig) -> None:
         self.address = address
-        self.channel = insecure_channel(address)
+        self.target = target
+        self.channel = aio.insecure_channel(address, options=ENGINE_CHANNEL_OPTIONS)
         self.stub = engine_pb2_grpc.EngineStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.model: common_pb2.ModelInfo | None = None
+        self.health = HealthState(config.health_failure_threshold, config.health_success_threshold)
+        self.breaker = CircuitBreaker(config.circuit_breaker_failures, config.circuit_breaker_cooldown_s)
         self.in_flight = 0
+        self.reported = engine_pb2.Load()
+        # Requests the engine reported that this router did not send (as of the last report).
+        self._external = 0
+        self.requests_total = 0
+        self.failures_total = 0
+        self.retried_total = 0
+        self.removed = False
+
+    @property
+    def routable(self) -> bool:
+        return (
+            not self.removed
+            and self.model is not None
+            and self.health.status is Health.HEALTHY
+            and self.breaker.allows()
+        )
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self._external
+
+    def report_load(self, load: engine_pb2.Load, in_flight: int) -> None:
+        """Take a GetLoad reply; `in_flight` is this router's count when the poll was sent."""
+        self.reported = load
+        self._external = max(0, load.running_requests + load.waiting_requests - in_flight)
 
     @contextlib.contextmanager
     def track(self) -> Iterator[None]:
+        """Count one stream as in flight until the block exits (completion, error or cancellation)."""
         self.in_flight += 1
         try:
             yield
         finally:
             self.in_flight -= 1
+            if self.removed and self.in_flight == 0:
+                task = asyncio.get_running_loop().create_task(self.channel.close())
+                _closing.add(task)
+                task.add_done_callback(_closing.discard)
 
 
 class EnginePool:
-    def __init__(self, addresses: tuple[str, ...], discovery_interval_s: float = 1.0) -> None:
-        self.engines = [EngineClient(a) for a in addresses]
-        self._interval = discovery_interval_s
-        self._turn = itertools.count()
-        self._discovery: list[asyncio.Task[None]] = []
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.engines: list[EngineClient] = []
+        self.policy: Policy = make_policy(config)
+        self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout_s)
+        # Set when an engine is added, so the health checker looks at it at once.
+        self.added = asyncio.Event()
+        # (policy reason) -> requests routed for that reason, for metrics.
+        self.decisions: collections.Counter[str] = collections.Counter()
+        # Requests refused because no engine was routable (admission counts its own refusals).
+        self.rejections: collections.Counter[str] = collections.Counter()
 
-    def start(self) -> None:
-        self._discovery = [asyncio.create_task(self._discover(e)) for e in self.engines]
+    def get(self, address: str) -> EngineClient | None:
+        return next((e for e in self.engines if e.address == address), None)
+
+    def add(self, address: str, target: str) -> EngineClient | None:
+        """Start routing to `address` (once it is healthy); None when it is already there."""
+        if self.get(address) is not None:
+            return None
+        engine = EngineClient(address, target, self.config)
+        self.engines.append(engine)
+        self.added.set()
+        log.info("engine added", extra={"engine": address, "target": target})
+        return engine
+
+    async def remove(self, address: str) -> None:
+        """Stop routing to `address`; streams already running there finish first."""
+        engine = self.get(address)
+        if engine is None:
+            return
+        self.engines.remove(engine)
+        engine.removed = True
+        self.policy.forget(address)
+        log.info("engine removed", extra={"engine": address, "in_flight": engine.in_flight})
+        if engine.in_flight == 0:
+            await engine.channel.close()
 
     async def close(self) -> None:
-        for task in self._discovery:
-            task.cancel()
-        await asyncio.gather(*self._discovery, return_exceptions=True)
         await asyncio.gather(*(e.channel.close() for e in self.engines))
 
-    async def _discover(self, engine: EngineClient) -> None:
-        """Learn which model an engine serves, retrying until it answers."""
-        while engine.model is None:
-            try:
-                engine.model = await engine.stub.GetModelInfo(engine_pb2.GetModelInfoRequest(), timeout=5.0)
-                log.info("engine ready", extra={"engine": engine.address, "model": engine.model.name})
-            except grpc.RpcError:
-                await asyncio.sleep(self._interval)
+    def routable(self, model_name: str) -> list[EngineClient]:
+        return [e for e in self.engines if e.routable and e.model is not None and e.model.name == model_name]
 
     def models(self) -> list[common_pb2.ModelInfo]:
-        """One ModelInfo per served name, in engine order."""
+        """One ModelInfo per model that a healthy engine serves, in engine order."""
         seen: dict[str, common_pb2.ModelInfo] = {}
         for engine in self.engines:
-            if engine.model is not None:
+            if engine.model is not None and engine.health.status is Health.HEALTHY:
                 seen.setdefault(engine.model.name, engine.model)
         return list(seen.values())
 
     def model_info(self, name: str) -> common_pb2.ModelInfo:
-        """The named model (any, when the name is empty); NotFound or Unavailable otherwise."""
-        models = self.models()
-        if not models:
+        """The named model (the default one when the name is empty); NotFound or Unavailable otherwise.
+
+        Models of engines that are down right now still count as served: a request
+        for one is UNAVAILABLE (try again later), not NOT_FOUND.
+        """
+        known: dict[str, common_pb2.ModelInfo] = {}
+        for engine in sorted(self.engines, key=lambda e: e.health.status is not Health.HEALTHY):
+            if engine.model is not None:
+                known.setdefault(engine.model.name, engine.model)
+        if not known:
             raise Unavailable("no engine is ready yet")
         if not name:
-            return models[0]
-        for model in models:
-            if model.name == name:
-                return model
-        served = ", ".join(m.name for m in models)
-        raise NotFound(f"model {name!r} does not exist; served models: {served}")
-
-    def pick(self, model_name: str) -> EngineClient:
-        candidates = [e for e in self.engines if e.model is not None and e.model.name == model_name]
-        if not candidates:
-            raise Unavailable(f"no engine is serving {model_name!r}")
-        return candidates[next(self._turn) % len(candidates)]
+            return next(iter(known.values()))
+        if name in known:
+            return known[name]
+        raise NotFound(f"model {name!r} does not exist; served models: {', '.join(known)}")

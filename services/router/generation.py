@@ -20,7 +20,8 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
-from services.router.engine_pool import EngineClient, EnginePool
+from services.router import dispatch
+from services.router.engine_pool import EnginePool
 from services.router.logprob_text import fill_texts
 from services.router.prompt import encode_prompt, encode_sampling_strings
 from services.router.sample_text import SampleText
@@ -66,12 +67,12 @@ async def generate(
     )
     if request.HasField("priority"):
         engine_request.priority = request.priority
-    engine = engines.pick(model.name)
-    log.info("generate", extra={"request_id": request_id, "engine": engine.address, "prompt_tokens": len(input_ids)})
+    log.info("generate", extra={"request_id": request_id, "prompt_tokens": len(input_ids)})
 
     with_texts = request.logprob_options.return_text_in_logprobs
     keep_logprobs = _asks_logprobs(request.logprob_options)
-    samples = _Samples(engine, tokenizer, _detokenize_start(request_id, input_ids, params), params, best_of)
+    start = _detokenize_start(request_id, input_ids, params)
+    samples = _Samples(engines, model.name, tokenizer, start, params, best_of)
     if not ranking:
         async for response in samples.run(engine_request):
             if with_texts:
@@ -126,13 +127,16 @@ class _Samples:
 
     def __init__(
         self,
-        engine: EngineClient,
+        engines: EnginePool,
+        model_name: str,
         tokenizer: tokenizer_pb2_grpc.TokenizerStub,
         start: tokenizer_pb2.DetokenizeStart,
         params: common_pb2.SamplingParams,
         num_samples: int,
     ) -> None:
-        self._engine = engine
+        self._engines = engines
+        self._model_name = model_name
+        self._call: dispatch.EngineStream | None = None
         self._tokenizer = tokenizer
         self._start = start
         self._params = params
@@ -143,14 +147,17 @@ class _Samples:
         self._input_logprobs: list[common_pb2.PositionLogprobs] = []
 
     def _text(self, index: int) -> SampleText:
-        return self._texts.setdefault(index, SampleText(self._tokenizer, self._start))
+        # Not setdefault(): building a SampleText opens a Detokenize stream.
+        if index not in self._texts:
+            self._texts[index] = SampleText(self._tokenizer, self._start)
+        return self._texts[index]
 
     async def run(
         self, engine_request: engine_pb2.EngineGenerateRequest
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        engine = self._engine
-        call = engine.stub.Generate(engine_request)
-        with engine.track():
+        # Picks the engine; retries one that fails before output elsewhere, turns a later failure into aborts.
+        async with dispatch.open_stream(self._engines, self._model_name, engine_request) as call:
+            self._call = call
             try:
                 async for response in call:
                     if response.WhichOneof("kind") == "chunk":
@@ -184,10 +191,10 @@ class _Samples:
             cached_tokens=chunk.cached_tokens,
         )
         yield _complete(chunk.index, matched, usage, self._input_logprobs)
-        if len(self._ended) < self._num_samples:
+        engine = self._call.engine if self._call is not None else None
+        if len(self._ended) < self._num_samples and engine is not None:
             # Only this sample is over: free its KV blocks while the others go on.
-            abort = engine_pb2.AbortRequest(request_id=request_id, indices=[chunk.index])
-            await self._engine.stub.Abort(abort)
+            await engine.stub.Abort(engine_pb2.AbortRequest(request_id=request_id, indices=[chunk.index]))
 
     async def _on_complete(self, done: engine_pb2.EngineComplete) -> AsyncIterator[inference_pb2.GenerateResponse]:
         self._input_logprobs = self._input_logprobs or list(done.input_logprobs)

@@ -1,0 +1,251 @@
+"""Router benchmarks on this machine: what the gateway + router cost, and what more engines give.
+
+1. overhead: the same streams (token-id prompts, greedy, ignore_eos) sent straight to one
+   engine's gRPC `Generate`, and through the gateway's HTTP `/generate` (SSE) + router:
+   time to first token and throughput, at `--concurrency` streams and with one stream at
+   a time (where the added hop latency is not hidden by batching);
+2. scale-out: aggregate throughput through gateway + router with 1, 2, ... engines.
+
+Each configuration is a real `turnout serve --engines N` stack on loopback; "direct"
+calls its first engine while the router sits idle.
+
+    python -m benchmarks.bench_router [--model PATH] [--concurrency 64] [--output-len 64]
+
+Prints Markdown tables (the format of docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from turnout.grpc_server import insecure_channel
+from turnout.launcher import free_port
+from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+
+@dataclass
+class Run:
+    """One batch of streams: per-stream time to first token, tokens, and the wall time."""
+
+    ttfts: list[float]
+    tokens: int
+    seconds: float
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def median_ttft_ms(self) -> float:
+        return statistics.median(self.ttfts) * 1000
+
+
+class Serve:
+    """`turnout serve --engines N` as a child process."""
+
+    def __init__(self, model: Path | None, engines: int, policy: str, log: Path) -> None:
+        self.port = free_port()
+        # Replica i listens on engine_port + i: pick a base with room above it.
+        self.engine_port = free_port()
+        argv = [sys.executable, "-m", "turnout.cli", "serve", "--port", str(self.port), "--policy", policy]
+        argv += ["--engines", str(engines), "--engine-port", str(self.engine_port)]
+        if model is not None:
+            argv += ["--model", str(model)]
+        self.engines = engines
+        self._log = log.open("ab")
+        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"turnout serve exited with {self.process.returncode}")
+            try:
+                engines = httpx.get(f"{self.url}/v1/engines", timeout=2).json()["data"]
+                if sum(e["routable"] for e in engines) == self.engines:
+                    return
+            except (httpx.HTTPError, KeyError, json.JSONDecodeError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("stack not ready")
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=60)
+        self._log.close()
+
+
+def make_prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(count)]
+
+
+async def gather_streams(prompts: list[list[int]], one: Callable[[list[int]], Awaitable[tuple[float, int]]]) -> Run:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(p) for p in prompts))
+    seconds = time.perf_counter() - start
+    return Run([r[0] for r in results], sum(r[1] for r in results), seconds)
+
+
+async def direct(address: str, prompts: list[list[int]], output_len: int) -> Run:
+    params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
+    async with insecure_channel(address) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+
+        async def one(prompt: list[int]) -> tuple[float, int]:
+            start = time.perf_counter()
+            first, tokens = 0.0, 0
+            request = engine_pb2.EngineGenerateRequest(
+                request_id=os.urandom(8).hex(), input_ids=prompt, sampling_params=params
+            )
+            async for response in stub.Generate(request):
+                part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
+                if part.token_ids and not first:
+                    first = time.perf_counter() - start
+                tokens += len(part.token_ids)
+            return first, tokens
+
+        return await gather_streams(prompts, one)
+
+
+async def through_gateway(url: str, prompts: list[list[int]], output_len: int) -> Run:
+    params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
+    limits = httpx.Limits(max_connections=len(prompts) + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def one(prompt: list[int]) -> tuple[float, int]:
+            start = time.perf_counter()
+            first, tokens = 0.0, 0
+            body = {"input_ids": prompt, "sampling_params": params, "stream": True}
+            async with client.stream("POST", "/generate", json=body) as response:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    tokens = len(json.loads(line[6:])["output_ids"])  # cumulative, as SGLang streams
+                    if tokens and not first:
+                        first = time.perf_counter() - start
+            return first, tokens
+
+        return await gather_streams(prompts, one)
+
+
+async def sequential(run: Callable[[list[list[int]]], Awaitable[Run]], prompts: list[list[int]]) -> Run:
+    runs = [await run([p]) for p in prompts]
+    return Run([t for r in runs for t in r.ttfts], sum(r.tokens for r in runs), sum(r.seconds for r in runs))
+
+
+def overhead(args: argparse.Namespace, log: Path) -> list[str]:
+    stack = Serve(args.model, 1, args.policy, log)
+    try:
+        stack.wait_ready()
+        engine = f"127.0.0.1:{stack.engine_port}"
+        n, length, out = args.concurrency, args.prompt_len, args.output_len
+        warm = make_prompts(8, length, seed=99)
+        asyncio.run(through_gateway(stack.url, warm, 8))
+        asyncio.run(direct(engine, warm, 8))
+        rows = []
+        # Every run gets prompts of its own: a prompt seen before would be a prefix-cache hit.
+        # The two paths take turns going first, so drift on a shared machine hits both alike.
+        runs: dict[str, list[Run]] = {"direct": [], "gateway": []}
+        for r in range(args.repeats):
+            order = ["direct", "gateway"] if r % 2 == 0 else ["gateway", "direct"]
+            for k, path in enumerate(order):
+                prompts = make_prompts(n, length, seed=2 * r + k)
+                if path == "direct":
+                    runs[path].append(asyncio.run(direct(engine, prompts, out)))
+                else:
+                    runs[path].append(asyncio.run(through_gateway(stack.url, prompts, out)))
+        single_out = args.single_output_len
+        singles_d = make_prompts(args.single_requests, length, seed=1000)
+        singles_g = make_prompts(args.single_requests, length, seed=2000)
+        single_direct = asyncio.run(sequential(lambda p: direct(engine, p, single_out), singles_d))
+        single_gateway = asyncio.run(sequential(lambda p: through_gateway(stack.url, p, single_out), singles_g))
+    finally:
+        stack.stop()
+    d_tp = statistics.median(r.throughput for r in runs["direct"])
+    g_tp = statistics.median(r.throughput for r in runs["gateway"])
+    d_ttft = statistics.median(r.median_ttft_ms for r in runs["direct"])
+    g_ttft = statistics.median(r.median_ttft_ms for r in runs["gateway"])
+    rows.append(f"| {n} streams, direct to the engine (gRPC) | {d_tp:.1f} tok/s | {d_ttft:.0f} ms |")
+    rows.append(f"| {n} streams, gateway (HTTP SSE) + router | {g_tp:.1f} tok/s | {g_ttft:.0f} ms |")
+    rows.append(
+        f"| ratio / added | **{g_tp / d_tp:.1%}** of direct throughput | **{g_ttft - d_ttft:+.1f} ms** median TTFT |"
+    )
+    s_d, s_g = single_direct.median_ttft_ms, single_gateway.median_ttft_ms
+    rows.append(f"| 1 stream at a time, direct ({args.single_requests} requests) "
+                f"| {single_direct.throughput:.1f} tok/s | {s_d:.1f} ms |")  # fmt: skip
+    rows.append(f"| 1 stream at a time, gateway + router | {single_gateway.throughput:.1f} tok/s | {s_g:.1f} ms |")
+    rows.append(f"| ratio / added, one stream | **{single_gateway.throughput / single_direct.throughput:.1%}** "
+                f"| **{s_g - s_d:+.1f} ms** median TTFT |")  # fmt: skip
+    return rows
+
+
+def scale_out(args: argparse.Namespace, log: Path) -> list[str]:
+    rows = []
+    base = 0.0
+    for engines in args.scale:
+        stack = Serve(args.model, engines, args.policy, log)
+        try:
+            stack.wait_ready()
+            asyncio.run(through_gateway(stack.url, make_prompts(8, args.prompt_len, seed=99), 8))
+            runs = []
+            for r in range(args.repeats):
+                prompts = make_prompts(args.concurrency, args.prompt_len, seed=r)
+                runs.append(asyncio.run(through_gateway(stack.url, prompts, args.output_len)))
+        finally:
+            stack.stop()
+        tp = statistics.median(r.throughput for r in runs)
+        base = base or tp
+        ttft = statistics.median(r.median_ttft_ms for r in runs)
+        rows.append(f"| {engines} | {tp:.1f} tok/s | {tp / base:.2f}x | {ttft:.0f} ms |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--policy", default="cache_aware")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration (the median is shown)")
+    parser.add_argument("--single-requests", type=int, default=20)
+    parser.add_argument("--single-output-len", type=int, default=8)
+    parser.add_argument("--scale", type=int, nargs="+", default=[1, 2, 3], help="engine counts for scale-out")
+    parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--log", type=Path, default=Path("bench_router.log"), help="the stacks' output")
+    args = parser.parse_args()
+    if args.model is None:
+        from turnout.default_model import prepare_default_model
+
+        args.model = prepare_default_model()
+    print(f"model {args.model.name}, {os.cpu_count()} CPUs, policy {args.policy}, {time.strftime('%Y-%m-%d')}")
+    if not args.skip_overhead:
+        print("\n| path | throughput | median time to first token |\n| --- | --- | --- |")
+        print("\n".join(overhead(args, args.log)), flush=True)
+    if not args.skip_scale:
+        print("\n| engines | throughput (gateway + router) | vs 1 engine | median TTFT |\n| --- | --- | --- | --- |")
+        print("\n".join(scale_out(args, args.log)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The RouterAdmin gRPC servicer: the engines' state, and adding or removing engines at run time."""
+
+from __future__ import annotations
+
+from grpc import aio
+
+from services.router.circuit_breaker import Circuit
+from services.router.engine_discovery import EngineDiscovery
+from services.router.engine_pool import EngineClient, EnginePool
+from services.router.health_checker import Health
+from turnout.v1 import router_admin_pb2, router_admin_pb2_grpc
+
+_HEALTH = {
+    Health.STARTING: router_admin_pb2.EngineStatus.HEALTH_STARTING,
+    Health.HEALTHY: router_admin_pb2.EngineStatus.HEALTH_HEALTHY,
+    Health.UNHEALTHY: router_admin_pb2.EngineStatus.HEALTH_UNHEALTHY,
+}
+_CIRCUIT = {
+    Circuit.CLOSED: router_admin_pb2.EngineStatus.CIRCUIT_CLOSED,
+    Circuit.OPEN: router_admin_pb2.EngineStatus.CIRCUIT_OPEN,
+    Circuit.HALF_OPEN: router_admin_pb2.EngineStatus.CIRCUIT_HALF_OPEN,
+}
+
+
+def engine_status(engine: EngineClient, pool: EnginePool) -> router_admin_pb2.EngineStatus:
+    return router_admin_pb2.EngineStatus(
+        address=engine.address,
+        target=engine.target,
+        model=engine.model.name if engine.model is not None else "",
+        health=_HEALTH[engine.health.status],
+        circuit=_CIRCUIT[engine.breaker.state],
+        routable=engine.routable,
+        in_flight=engine.in_flight,
+        running_requests=engine.reported.running_requests,
+        waiting_requests=engine.reported.waiting_requests,
+        kv_cache_usage=engine.reported.kv_cache_usage,
+        load=engine.load,
+        requests_total=engine.requests_total,
+        failures_total=engine.failures_total,
+        retried_total=engine.retried_total,
+        prefix_tree_tokens=pool.policy.remembered_tokens(engine.address),
+    )
+
+
+class RouterAdminServicer(router_admin_pb2_grpc.RouterAdminServicer):
+    def __init__(self, pool: EnginePool, discovery: EngineDiscovery) -> None:
+        self._pool = pool
+        self._discovery = discovery
+
+    async def ListEngines(
+        self, request: router_admin_pb2.ListEnginesRequest, context: aio.ServicerContext
+    ) -> router_admin_pb2.ListEnginesResponse:
+        return router_admin_pb2.ListEnginesResponse(
+            policy=self._pool.policy.name,
+            engines=[engine_status(e, self._pool) for e in self._pool.engines],
+            targets=self._discovery.targets,
+            active_requests=self._pool.admission.active,
+            queued_requests=self._pool.admission.queued,
+        )
+
+    async def AddEngine(
+        self, request: router_admin_pb2.AddEngineRequest, context: aio.ServicerContext
+    ) -> router_admin_pb2.AddEngineResponse:
+        return router_admin_pb2.AddEngineResponse(added=await self._discovery.add(request.address))
+
+    async def RemoveEngine(
+        self, request: router_admin_pb2.RemoveEngineRequest, context: aio.ServicerContext
+    ) -> router_admin_pb2.RemoveEngineResponse:
+        await self._discovery.remove(request.address)
+        return router_admin_pb2.RemoveEngineResponse()

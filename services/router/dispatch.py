@@ -1,0 +1,235 @@
+"""Running one engine request on the pool: admission, choice of engine, retries, failover.
+
+    async with dispatch.open_stream(pool, model, engine_request) as call:
+        async for response in call: ...      # the engine's EngineGenerateResponses
+
+- A concurrency slot (`Admission`) is held for the whole stream.
+- The policy picks among the routable engines serving the model; none: UNAVAILABLE.
+- An attempt that fails before the engine sent anything (refused connection,
+  engine shutting down, engine queue full, internal error) is retried on another
+  engine, preferring ones not tried yet, after a backoff, up to `max_retries`
+  times. Nothing reached the caller, so nothing is duplicated.
+- Once output has flowed, a failure ends every unfinished sample with a
+  `FinishReason.abort` naming the engine and the error: the caller sees an
+  explicit abort, never a stream that just stops.
+- The engine's in-flight count is held for the life of each attempt and
+  released on completion, error and cancellation alike (`EngineClient.track`).
+
+The engine's own verdicts (INVALID_ARGUMENT for a prompt that cannot fit,
+NOT_FOUND, ...) pass through unchanged: another engine would say the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+
+from services.router.engine_pool import EngineClient, EnginePool
+from turnout.errors import ResourceExhausted, Unavailable
+from turnout.v1 import common_pb2, engine_pb2
+
+log = logging.getLogger(__name__)
+
+# Failures that say something is wrong with the engine: they count against its circuit breaker.
+ENGINE_FAULTS = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+# Failures before any output that another engine may not have: retried elsewhere.
+RETRYABLE = ENGINE_FAULTS | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+@dataclass
+class _Progress:
+    """Which samples of the request have ended, and the last counts of each."""
+
+    num_samples: int
+    ended: set[int] = field(default_factory=set)
+    counts: dict[int, common_pb2.Usage] = field(default_factory=dict)
+
+    def observe(self, response: engine_pb2.EngineGenerateResponse) -> None:
+        if response.WhichOneof("kind") == "chunk":
+            c = response.chunk
+            self.counts[c.index] = common_pb2.Usage(
+                prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens
+            )
+        else:
+            self.ended.add(response.complete.index)
+
+    @property
+    def done(self) -> bool:
+        return len(self.ended) >= self.num_samples
+
+    def aborts(self, message: str) -> list[engine_pb2.EngineGenerateResponse]:
+        """One `abort` Complete for every sample that has not ended."""
+        finish = common_pb2.FinishReason(abort=common_pb2.FinishReason.Abort(message=message))
+        return [
+            engine_pb2.EngineGenerateResponse(
+                complete=engine_pb2.EngineComplete(index=i, finish_reason=finish, usage=self.counts.get(i))
+            )
+            for i in range(self.num_samples)
+            if i not in self.ended
+        ]
+
+
+class EngineStream:
+    """The responses of one engine request, wherever it ends up running."""
+
+    def __init__(self, pool: EnginePool, model_name: str, request: engine_pb2.EngineGenerateRequest) -> None:
+        self._pool = pool
+        self._model = model_name
+        self._request = request
+        self._call: aio.UnaryStreamCall | None = None
+        # The engine of the current attempt (for aborting single samples on it).
+        self.engine: EngineClient | None = None
+        self._responses = self._run()
+
+    def __aiter__(self) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+        return self._responses
+
+    def cancel(self) -> None:
+        """Stop the engine's work (it aborts the request when its call is cancelled)."""
+        if self._call is not None:
+            self._call.cancel()
+
+    async def aclose(self) -> None:
+        await self._responses.aclose()
+
+    async def _run(self) -> AsyncGenerator[engine_pb2.EngineGenerateResponse, None]:
+        params = self._request.sampling_params
+        n = params.n if params.HasField("n") else 1
+        # best_of > n: the engine generates best_of samples, and each of them ends.
+        progress = _Progress(max(n, params.best_of) if params.HasField("best_of") else n)
+        config = self._pool.config
+        async with self._pool.admission.slot():
+            errors: list[str] = []
+            tried: set[str] = set()
+            for attempt in range(config.max_retries + 1):
+                if attempt:
+                    await asyncio.sleep(config.retry_delay_s(attempt))
+                engine = self._pick(tried, errors)
+                tried.add(engine.address)
+                last_try = attempt == config.max_retries
+                try:
+                    async with contextlib.aclosing(self._attempt(engine, progress, errors, last_try)) as responses:
+                        async for response in responses:
+                            yield response
+                    return
+                except _RetryElsewhere:
+                    engine.retried_total += 1
+
+    def _pick(self, tried: set[str], errors: list[str]) -> EngineClient:
+        candidates = self._pool.routable(self._model)
+        if not candidates:
+            self._pool.rejections["no_engine"] += 1
+            why = f" (tried: {'; '.join(errors)})" if errors else ""
+            raise Unavailable(f"no healthy engine is serving {self._model!r}{why}")
+        # Prefer engines not tried yet; with none left, try one again after the backoff.
+        fresh = [e for e in candidates if e.address not in tried] or candidates
+        route = self._pool.policy.pick(fresh, self._request.input_ids)
+        self._pool.decisions[route.reason] += 1
+        log.info(
+            "routed",
+            extra={"request_id": self._request.request_id, "engine": route.engine.address, "reason": route.reason},
+        )
+        return route.engine
+
+    async def _attempt(
+        self, engine: EngineClient, progress: _Progress, errors: list[str], last_try: bool
+    ) -> AsyncGenerator[engine_pb2.EngineGenerateResponse, None]:
+        """One engine call, counted in the engine's load from start to end.
+
+        Raises `_RetryElsewhere` when it failed before any output and may be retried.
+        """
+        engine.requests_total += 1
+        engine.breaker.on_dispatch()
+        call = self._call = engine.stub.Generate(self._request)
+        self.engine = engine
+        with engine.track():
+            try:
+                response = await self._first_response(engine, call, errors, last_try)
+                try:
+                    while response is not aio.EOF:
+                        progress.observe(response)
+                        yield response
+                        if progress.done:
+                            return
+                        response = await call.read()
+                    error = "the engine ended the stream before every sample finished"
+                    engine.failures_total += 1
+                    engine.breaker.record_failure()
+                except aio.AioRpcError as exc:
+                    if exc.code() in ENGINE_FAULTS:
+                        engine.failures_total += 1
+                        engine.breaker.record_failure()
+                    error = f"{exc.code().name}: {exc.details()}"
+            finally:
+                call.cancel()
+        message = f"engine {engine.address} failed after output had been sent ({error}); the output is incomplete"
+        log.warning("engine failed mid-stream", extra={"engine": engine.address, "error": error})
+        for abort in progress.aborts(message):
+            yield abort
+
+    async def _first_response(
+        self, engine: EngineClient, call: aio.UnaryStreamCall, errors: list[str], last_try: bool
+    ) -> engine_pb2.EngineGenerateResponse:
+        """The call's first response, with the verdict on the engine recorded in its breaker."""
+        try:
+            first = await call.read()
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            if code in ENGINE_FAULTS:
+                engine.failures_total += 1
+                engine.breaker.record_failure()
+            else:
+                engine.breaker.record_success()  # it answered: the engine itself works
+            if code not in RETRYABLE:
+                raise
+            errors.append(f"{engine.address}: {code.name}: {exc.details()}")
+            log.warning("engine failed before output", extra={"engine": engine.address, "error": errors[-1]})
+            if last_try:
+                kind = ResourceExhausted if code is grpc.StatusCode.RESOURCE_EXHAUSTED else Unavailable
+                raise kind(f"every attempt failed: {'; '.join(errors)}") from None
+            raise _RetryElsewhere() from None
+        except BaseException:
+            engine.breaker.release_trial()  # cancelled: no verdict on the engine
+            raise
+        if first is aio.EOF:
+            engine.failures_total += 1
+            engine.breaker.record_failure()
+            errors.append(f"{engine.address}: ended the stream without output")
+            if last_try:
+                raise Unavailable(f"every attempt failed: {'; '.join(errors)}")
+            raise _RetryElsewhere()
+        engine.breaker.record_success()
+        assert isinstance(first, engine_pb2.EngineGenerateResponse)
+        return first
+
+
+class _RetryElsewhere(Exception):
+    """The attempt failed before any output; another engine may do better."""
+
+
+@contextlib.asynccontextmanager
+async def open_stream(
+    pool: EnginePool, model_name: str, request: engine_pb2.EngineGenerateRequest
+) -> AsyncIterator[EngineStream]:
+    """An `EngineStream` that is closed (engine call cancelled, slot and load released) on exit."""
+    stream = EngineStream(pool, model_name, request)
+    try:
+        yield stream
+    finally:
+        stream.cancel()
+        await stream.aclose()

@@ -1,0 +1,96 @@
+"""The router's Prometheus metrics, read from the pool's live state at scrape time.
+
+Nothing is updated on the request path except plain counters the pool keeps
+anyway (ListEngines shows the same numbers), so metrics cost nothing between
+scrapes and an engine that leaves the pool leaves the metrics with it.
+
+| metric | labels | what |
+| --- | --- | --- |
+| `turnout_router_engine_requests_total` | engine | attempts sent to the engine |
+| `turnout_router_engine_failures_total` | engine | attempts that failed with an engine fault |
+| `turnout_router_engine_retries_total` | engine | attempts that failed before output and were retried elsewhere |
+| `turnout_router_engine_in_flight` | engine | streams open on the engine (the router's count) |
+| `turnout_router_engine_load` | engine | the load policies compare (in flight + reported beyond it) |
+| `turnout_router_engine_running_requests`, `..._waiting_requests`, `..._kv_cache_usage` | engine | last GetLoad |
+| `turnout_router_engine_healthy` | engine | 1 healthy, 0 starting or unhealthy |
+| `turnout_router_engine_circuit_open` | engine | 1 while the circuit breaker keeps requests away |
+| `turnout_router_engine_prefix_tree_tokens` | engine | prompt tokens the cache-aware policy remembers |
+| `turnout_router_routing_decisions_total` | policy, reason | engines picked, by why (cache_hit, cache_miss, |
+| | | imbalanced; the policy's name for the others) |
+| `turnout_router_rejected_requests_total` | reason | refused before any engine: no_engine, queue_full, queue_timeout |
+| `turnout_router_active_requests`, `turnout_router_queued_requests` | | admission slots held, and waiting |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.router.circuit_breaker import Circuit
+from services.router.engine_pool import EngineClient, EnginePool
+from services.router.health_checker import Health
+
+PREFIX = "turnout_router"
+
+
+Family = CounterMetricFamily | GaugeMetricFamily
+
+Value = Callable[[EngineClient, EnginePool], float]
+C, G = CounterMetricFamily, GaugeMetricFamily
+
+# name, help, kind, the value for one engine
+_PER_ENGINE: list[tuple[str, str, type[Family], Value]] = [
+    ("engine_requests", "Attempts sent to the engine", C, lambda e, p: e.requests_total),
+    ("engine_failures", "Attempts that failed with an engine fault", C, lambda e, p: e.failures_total),
+    ("engine_retries", "Attempts that failed before output, retried elsewhere", C, lambda e, p: e.retried_total),
+    ("engine_in_flight", "Streams open on the engine (router's count)", G, lambda e, p: e.in_flight),
+    ("engine_load", "Load compared by the policies", G, lambda e, p: e.load),
+    ("engine_running_requests", "Running requests (GetLoad)", G, lambda e, p: e.reported.running_requests),
+    ("engine_waiting_requests", "Waiting requests (GetLoad)", G, lambda e, p: e.reported.waiting_requests),
+    ("engine_kv_cache_usage", "KV cache usage 0..1 (GetLoad)", G, lambda e, p: e.reported.kv_cache_usage),
+    ("engine_healthy", "1 when healthy", G, lambda e, p: float(e.health.status is Health.HEALTHY)),
+    ("engine_circuit_open", "1 while the breaker is open", G, lambda e, p: float(e.breaker.state is Circuit.OPEN)),
+    ("engine_prefix_tree_tokens", "Prompt tokens remembered", G, lambda e, p: p.policy.remembered_tokens(e.address)),
+]
+
+
+class RouterCollector(Collector):
+    def __init__(self, pool: EnginePool) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterator[Family]:
+        pool = self._pool
+        # Scrapes run on the metrics server's thread: work on copies (list() and dict() are atomic under the GIL).
+        engines = list(pool.engines)
+        for name, help_text, kind, value in _PER_ENGINE:
+            family = kind(f"{PREFIX}_{name}", help_text, labels=["engine"])
+            for engine in engines:
+                family.add_metric([engine.address], value(engine, pool))
+            yield family
+
+        decisions = CounterMetricFamily(f"{PREFIX}_routing_decisions", "Engines picked", labels=["policy", "reason"])
+        for reason, count in sorted(dict(pool.decisions).items()):
+            decisions.add_metric([pool.policy.name, reason], count)
+        yield decisions
+        rejected = CounterMetricFamily(f"{PREFIX}_rejected_requests", "Refused before any engine", labels=["reason"])
+        for reason, count in sorted({**dict(pool.rejections), **dict(pool.admission.rejected)}.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        yield GaugeMetricFamily(f"{PREFIX}_active_requests", "Streams holding a slot", pool.admission.active)
+        yield GaugeMetricFamily(f"{PREFIX}_queued_requests", "Streams waiting for a slot", pool.admission.queued)
+
+
+def make_registry(pool: EnginePool) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RouterCollector(pool))
+    return registry
+
+
+def serve_metrics(pool: EnginePool, host: str, port: int) -> WSGIServer:
+    """Serve /metrics over HTTP on a background thread (prometheus_client's own server); shut it down when done."""
+    server, _ = start_http_server(port, addr=host, registry=make_registry(pool))
+    return server

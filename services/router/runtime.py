@@ -1,0 +1,70 @@
+"""Everything the router process runs around its gRPC services, wired together.
+
+    engines (EnginePool) ◀── discovery (targets, DNS) ── RouterAdmin
+        ▲   ▲
+        │   └── health checker (grpc.health.v1, interval) and load poller (GetLoad)
+        └────── Inference.Generate → dispatch (admission, policy, retries)
+
+`main.py` serves it; tests build one in-process around fake engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from wsgiref.simple_server import WSGIServer
+
+from services.router.admin_service import RouterAdminServicer
+from services.router.config import RouterConfig
+from services.router.engine_discovery import EngineDiscovery, Resolver, resolve_dns
+from services.router.engine_pool import EnginePool
+from services.router.health_checker import HealthChecker
+from services.router.load_poller import LoadPoller
+from services.router.service import InferenceServicer
+from services.router.tokenizer_pool import TokenizerPool
+from turnout.grpc_server import ServiceSpec
+from turnout.v1 import inference_pb2, inference_pb2_grpc, router_admin_pb2, router_admin_pb2_grpc
+
+
+class RouterRuntime:
+    def __init__(self, config: RouterConfig, resolver: Resolver = resolve_dns) -> None:
+        self.config = config
+        self.engines = EnginePool(config)
+        self.tokenizers = TokenizerPool(config.tokenizers)
+        self.discovery = EngineDiscovery(self.engines, config.dns_refresh_interval_s, resolver)
+        self.health = HealthChecker(self.engines, config.health_check_interval_s, config.health_check_timeout_s)
+        self.load = LoadPoller(self.engines, config.load_poll_interval_s, config.health_check_timeout_s)
+        self._metrics_server: WSGIServer | None = None
+
+    async def start(self) -> None:
+        for target in self.config.engines:
+            await self.discovery.add(target)
+        self.discovery.start()
+        self.health.start()
+        self.load.start()
+        if self.config.metrics_port is not None:
+            from services.router.metrics import serve_metrics
+
+            self._metrics_server = serve_metrics(self.engines, self.config.host, self.config.metrics_port)
+
+    def services(self) -> list[ServiceSpec]:
+        inference = InferenceServicer(self.engines, self.tokenizers)
+        admin = RouterAdminServicer(self.engines, self.discovery)
+        return [
+            ServiceSpec(
+                name=inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+                add=lambda server: inference_pb2_grpc.add_InferenceServicer_to_server(inference, server),
+            ),
+            ServiceSpec(
+                name=router_admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
+                add=lambda server: router_admin_pb2_grpc.add_RouterAdminServicer_to_server(admin, server),
+            ),
+        ]
+
+    async def close(self) -> None:
+        await self.discovery.close()
+        await self.health.close()
+        await self.load.close()
+        if self._metrics_server is not None:
+            await asyncio.to_thread(self._metrics_server.shutdown)
+        await self.engines.close()
+        await self.tokenizers.close()

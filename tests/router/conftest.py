@@ -1,0 +1,251 @@
+"""An in-process router (the real RouterRuntime and servicers on a loopback gRPC server)
+in front of scripted fake engines and a fake tokenizer, each a real grpc.aio server.
+
+Fake engines stream `tokens` token ids (100, 101, ...) one chunk each, and can be
+told to fail before output, fail after k tokens, hold their stream open until
+released, or be stopped and started again on the same port, as a killed and
+restarted engine would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.router.config import RouterConfig
+from services.router.engine_discovery import Resolver, resolve_dns
+from services.router.runtime import RouterRuntime
+from turnout.errors import StatusInterceptor
+from turnout.v1 import (
+    common_pb2,
+    engine_pb2,
+    engine_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    router_admin_pb2,
+    router_admin_pb2_grpc,
+    tokenizer_pb2,
+    tokenizer_pb2_grpc,
+)
+
+MODEL = "fake-model"
+
+
+class FakeEngine(engine_pb2_grpc.EngineServicer):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.port = 0
+        self.tokens = 3
+        self.token_delay_s = 0.0
+        # Fail every Generate with this status before any output.
+        self.fail: grpc.StatusCode | None = None
+        # Fail with INTERNAL after this many tokens.
+        self.fail_after: int | None = None
+        # While set, streams wait before their last message until it is released.
+        self.hold: asyncio.Event | None = None
+        self.received: list[engine_pb2.EngineGenerateRequest] = []
+        self.active = 0
+        self.cancelled = 0
+        self._server: aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        server = aio.server()
+        engine_pb2_grpc.add_EngineServicer_to_server(self, server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+
+    async def stop(self) -> None:
+        """Stop at once, as a killed process would: open streams break."""
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+
+    async def set_serving(self, serving: bool) -> None:
+        assert self._health is not None
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self._health.set("", status)
+
+    async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        self.received.append(request)
+        self.active += 1
+        try:
+            if self.fail is not None:
+                await context.abort(self.fail, f"{self.name} fails on purpose")
+            n = request.sampling_params.n if request.sampling_params.HasField("n") else 1
+            for i in range(self.tokens):
+                if self.fail_after is not None and i == self.fail_after:
+                    await context.abort(grpc.StatusCode.INTERNAL, f"{self.name} broke mid-stream")
+                await asyncio.sleep(self.token_delay_s)
+                for index in range(n):
+                    yield engine_pb2.EngineGenerateResponse(
+                        chunk=engine_pb2.EngineChunk(
+                            index=index,
+                            token_ids=[100 + i],
+                            prompt_tokens=len(request.input_ids),
+                            completion_tokens=i + 1,
+                        )
+                    )
+            if self.hold is not None:
+                await self.hold.wait()
+            for index in range(n):
+                usage = common_pb2.Usage(prompt_tokens=len(request.input_ids), completion_tokens=self.tokens)
+                finish = common_pb2.FinishReason(length=common_pb2.FinishReason.Length(length=self.tokens))
+                yield engine_pb2.EngineGenerateResponse(
+                    complete=engine_pb2.EngineComplete(index=index, finish_reason=finish, usage=usage)
+                )
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def GetModelInfo(self, request: Any, context: Any) -> Any:
+        return common_pb2.ModelInfo(name=MODEL, max_context_length=4096)
+
+    async def GetLoad(self, request: Any, context: Any) -> Any:
+        return engine_pb2.Load(running_requests=self.active)
+
+
+class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
+    """Encode: one token per character. Detokenize: token t becomes the text "<t>"."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def Encode(self, request: Any, context: Any) -> Any:
+        return tokenizer_pb2.EncodeResponse(input_ids=[ord(c) for c in request.text])
+
+    async def Detokenize(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        self.streams += 1
+        async for request in request_iterator:
+            if request.WhichOneof("kind") == "tokens":
+                yield tokenizer_pb2.DetokenizeResponse(text="".join(f"<{t}>" for t in request.tokens.token_ids))
+
+
+# Fast enough for tests: checks every 50 ms, two failures mark an engine down.
+FAST = {
+    "health_check_interval_s": 0.05,
+    "health_check_timeout_s": 0.5,
+    "health_failure_threshold": 2,
+    "health_success_threshold": 1,
+    "load_poll_interval_s": 0.0,
+    "retry_backoff_s": 0.0,
+    "circuit_breaker_cooldown_s": 60.0,
+}
+
+
+@dataclasses.dataclass
+class Cluster:
+    engines: list[FakeEngine]
+    runtime: RouterRuntime
+    inference: inference_pb2_grpc.InferenceStub
+    admin: router_admin_pb2_grpc.RouterAdminStub
+    tokenizer: FakeTokenizer
+
+    async def generate(self, prompt: str = "hello", **params: Any) -> list[inference_pb2.GenerateResponse]:
+        request = inference_pb2.GenerateRequest(text=prompt, sampling_params=common_pb2.SamplingParams(**params))
+        return [r async for r in self.inference.Generate(request)]
+
+    def by_engine(self) -> list[int]:
+        return [len(e.received) for e in self.engines]
+
+    async def statuses(self) -> dict[str, router_admin_pb2.EngineStatus]:
+        reply = await self.admin.ListEngines(router_admin_pb2.ListEnginesRequest())
+        return {s.address: s for s in reply.engines}
+
+    async def wait_routable(self, count: int | None = None, timeout_s: float = 5.0) -> None:
+        want = len(self.engines) if count is None else count
+        await eventually(lambda: len(self.runtime.engines.routable(MODEL)) == want, timeout_s)
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(0.02)
+
+
+def text_of(responses: list[inference_pb2.GenerateResponse]) -> str:
+    return "".join(r.chunk.text for r in responses if r.WhichOneof("kind") == "chunk")
+
+
+def finish_of(responses: list[inference_pb2.GenerateResponse]) -> list[common_pb2.FinishReason]:
+    return [r.complete.finish_reason for r in responses if r.WhichOneof("kind") == "complete"]
+
+
+@pytest.fixture
+async def make_cluster() -> AsyncIterator[Callable[..., Any]]:
+    """`await make_cluster(n, **config)`: n fake engines behind a real in-process router."""
+    stack: list[tuple[list[FakeEngine], RouterRuntime, aio.Server, aio.Server, list[aio.Channel]]] = []
+
+    async def make(
+        n: int = 3,
+        *,
+        wait: bool = True,
+        targets: tuple[str, ...] | None = None,
+        resolver: Resolver = resolve_dns,
+        **config: Any,
+    ) -> Cluster:
+        engines = [FakeEngine(f"engine{i}") for i in range(n)]
+        for engine in engines:
+            await engine.start()
+        tokenizer_server = aio.server()
+        tokenizer = FakeTokenizer()
+        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(tokenizer, tokenizer_server)
+        tokenizer_port = tokenizer_server.add_insecure_port("127.0.0.1:0")
+        await tokenizer_server.start()
+        settings = {**FAST, **config}
+        router_config = RouterConfig(
+            engines=tuple(e.address for e in engines) if targets is None else targets,
+            tokenizers=(f"127.0.0.1:{tokenizer_port}",),
+            **settings,
+        )
+        runtime = RouterRuntime(router_config, resolver)
+        await runtime.start()
+        server = aio.server(interceptors=[StatusInterceptor()])
+        for spec in runtime.services():
+            spec.add(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = aio.insecure_channel(f"127.0.0.1:{port}")
+        stack.append((engines, runtime, server, tokenizer_server, [channel]))
+        cluster = Cluster(
+            engines,
+            runtime,
+            inference_pb2_grpc.InferenceStub(channel),
+            router_admin_pb2_grpc.RouterAdminStub(channel),
+            tokenizer,
+        )
+        if wait:
+            await cluster.wait_routable()
+        return cluster
+
+    yield make
+    for engines, runtime, server, tokenizer_server, channels in stack:
+        for channel in channels:
+            await channel.close()
+        await server.stop(0)
+        await runtime.close()
+        await tokenizer_server.stop(0)
+        for engine in engines:
+            if engine.hold is not None:
+                engine.hold.set()
+            await engine.stop()
