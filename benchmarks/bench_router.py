@@ -25,6 +25,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -232,13 +233,16 @@ def main() -> None:
     parser.add_argument("--scale", type=int, nargs="+", default=[1, 2, 3], help="engine counts for scale-out")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
-    parser.add_argument("--log", type=Path, default=Path("bench_router.log"), help="the stacks' output")
+    parser.add_argument(
+        "--log", type=Path, default=Path(tempfile.gettempdir()) / "turnout-bench-router.log", help="the stacks' output"
+    )
     args = parser.parse_args()
     if args.model is None:
         from turnout.default_model import prepare_default_model
 
         args.model = prepare_default_model()
     print(f"model {args.model.name}, {os.cpu_count()} CPUs, policy {args.policy}, {time.strftime('%Y-%m-%d')}")
+    print(f"(the stacks log to {args.log})")
     if not args.skip_overhead:
         print("\n| path | throughput | median time to first token |\n| --- | --- | --- |")
         print("\n".join(overhead(args, args.log)), flush=True)

@@ -335,7 +335,8 @@ async def test_killed_engine_under_load(start_router: Callable[..., Router], bac
     succeed on the others, streams running on it end with an abort naming it, nothing hangs,
     it is marked unhealthy; restarted, it gets traffic again."""
     flags = ["--policy", "round_robin", "--health-check-interval", "0.2", "--health-failure-threshold", "2"]
-    router = start_router(*flags, "--health-success-threshold", "1")
+    # Straight to the three engines (no slow link): long streams keep every engine busy.
+    router = start_router(*flags, "--health-success-threshold", "1", engines=[e.address for e in backends.engines])
     await wait_for(all_routable(router))
     victim = backends.engines[2]
     rng = random.Random(7)
@@ -347,7 +348,7 @@ async def test_killed_engine_under_load(start_router: Callable[..., Router], bac
             outcome = Outcome(time.monotonic())
             outcomes.append(outcome)
             try:
-                async for response in stub.Generate(request(prompt(rng), 24), timeout=30):
+                async for response in stub.Generate(request(prompt(rng), 160), timeout=30):
                     if response.WhichOneof("kind") == "chunk":
                         outcome.had_output = True
                     else:
@@ -359,7 +360,13 @@ async def test_killed_engine_under_load(start_router: Callable[..., Router], bac
     async with aio.insecure_channel(router.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         clients = [asyncio.create_task(client(stub)) for _ in range(9)]
-        await asyncio.sleep(1.5)
+
+        async def victim_streaming() -> bool:
+            running = [o for o in outcomes if not o.finish]
+            in_flight = (await router.statuses())[victim.address].in_flight
+            return in_flight >= 2 and sum(o.had_output for o in running) >= 6
+
+        await wait_for(victim_streaming, 20)
         victim.kill()
         killed_at = time.monotonic()
         await asyncio.sleep(2.5)
