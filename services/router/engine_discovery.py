@@ -14,12 +14,12 @@ one engine, not the same engine twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable
 
+from services.router.background import BackgroundLoop
 from services.router.config import check_address
 from services.router.engine_pool import EnginePool
 from turnout.errors import InvalidArgument, NotFound
@@ -53,14 +53,13 @@ def split_target(target: str) -> tuple[str, int, bool]:
     return bare, int(port), True
 
 
-class EngineDiscovery:
+class EngineDiscovery(BackgroundLoop):
     def __init__(self, pool: EnginePool, refresh_interval_s: float, resolver: Resolver = resolve_dns) -> None:
         self._pool = pool
         self._interval = refresh_interval_s
         self._resolve = resolver
         # target -> the addresses it stands for right now.
         self._targets: dict[str, set[str]] = {}
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def targets(self) -> list[str]:
@@ -85,15 +84,6 @@ class EngineDiscovery:
             raise NotFound(f"no engine was added as {target!r}; known: {known}")
         for address in addresses - self._claimed():
             await self._pool.remove(address)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         while True:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health_pb2
 
+from services.router.background import BackgroundLoop
 from turnout.v1 import engine_pb2
 
 if TYPE_CHECKING:
@@ -58,23 +59,13 @@ class HealthState:
         return False
 
 
-class HealthChecker:
+class HealthChecker(BackgroundLoop):
     """Checks every engine of the pool each interval, and a new engine as soon as it is added."""
 
     def __init__(self, pool: EnginePool, interval_s: float, timeout_s: float) -> None:
         self._pool = pool
         self._interval = interval_s
         self._timeout = timeout_s
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         while True:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from services.router.background import BackgroundLoop
 from services.router.health_checker import Health
 from turnout.v1 import engine_pb2
 
@@ -21,22 +22,15 @@ if TYPE_CHECKING:
     from services.router.engine_pool import EngineClient, EnginePool
 
 
-class LoadPoller:
+class LoadPoller(BackgroundLoop):
     def __init__(self, pool: EnginePool, interval_s: float, timeout_s: float) -> None:
         self._pool = pool
         self._interval = interval_s
         self._timeout = timeout_s
-        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self._interval > 0:
-            self._task = asyncio.create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            super().start()
 
     async def _run(self) -> None:
         while True:
