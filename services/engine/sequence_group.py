@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.engine.logprobs import PositionLogprobs
 from services.engine.request import EngineRequest
 from services.engine.sequence import Sequence
 
@@ -52,7 +51,3 @@ class SequenceGroup:
     @property
     def is_finished(self) -> bool:
         return len(self.seqs) == self.num_samples and not self.unfinished
-
-    @property
-    def prompt_logprobs(self) -> list[PositionLogprobs]:
-        return self.seqs[0].prompt_logprobs
