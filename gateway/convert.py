@@ -24,6 +24,9 @@ from gateway.protocol import (
     OpenAIRequest,
 )
 from gateway.sampling import native_logprobs, openai_logprobs, sampling_params
+from gateway.structured_outputs import native_structured_output, openai_structured_output
+from gateway.thinking import apply_thinking, thinking_budget
+from gateway.tool_calling import apply_tools
 from turnout.v1 import common_pb2, inference_pb2
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -38,7 +41,7 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
     if req.stream and req.best_of is not None and req.best_of > (req.n or 1):
         raise invalid_request("'best_of' greater than 'n' cannot be streamed", "best_of")
     max_tokens = req.max_tokens if "max_tokens" in req.model_fields_set else COMPLETIONS_DEFAULT_MAX_TOKENS
-    sampling = _openai_sampling(req, max_tokens)
+    sampling = _openai_sampling(req, max_tokens, thinking_budget(req, req.custom_params))
     if req.best_of is not None:
         sampling.best_of = req.best_of
     logprobs = openai_logprobs(
@@ -76,10 +79,6 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
     _refuse_openai(req)
     if req.echo:
         raise unsupported("echo")
-    if req.tools:
-        raise unsupported("tools")
-    if req.tool_choice not in (None, "none"):
-        raise unsupported("tool_choice", "other than 'none' is not supported yet")
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -90,8 +89,10 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
         echo=False,
         as_token_ids=bool(req.return_tokens_as_token_ids),
     )
-    sampling = _openai_sampling(req, max_tokens)
+    budget = thinking_budget(req, req.custom_params, req.reasoning_effort)
+    sampling = _openai_sampling(req, max_tokens, budget)
     msg = _base_request(request_id, req.model, req.add_special_tokens, req.priority, sampling, logprobs)
+    msg.separate_reasoning = req.separate_reasoning is not False
     msg.chat.messages.extend(_chat_message(m, i) for i, m in enumerate(req.messages))
     options = msg.chat.options
     if req.continue_final_message:
@@ -109,6 +110,7 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
         options.chat_template_kwargs.update(req.chat_template_kwargs)
     for document in req.documents or []:
         options.documents.add().update(document)
+    apply_tools(req, msg)
     return msg
 
 
@@ -146,10 +148,13 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
         strict=True,
     )
 
+    processors = _per_prompt(req.custom_logit_processor, count, "custom_logit_processor")
     out = []
-    for prompt, sp, rid, options in zip(prompts, params, rids, logprobs, strict=True):
+    for prompt, sp, rid, options, processor in zip(prompts, params, rids, logprobs, processors, strict=True):
         add_special_tokens = sp.add_special_tokens if sp is not None else None
         sampling = _native_sampling(sp)
+        if processor is not None:
+            sampling.custom_logit_processor = processor
         msg = _base_request(rid or "", req.model, add_special_tokens, req.priority, sampling, native_logprobs(*options))
         if isinstance(prompt, str):
             msg.text = prompt
@@ -168,8 +173,6 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
 
 
 def _refuse_openai(req: OpenAIRequest) -> None:
-    if req.response_format is not None and req.response_format.get("type") != "text":
-        raise unsupported("response_format", "other than {'type': 'text'} is not supported yet")
     if req.use_beam_search:
         raise unsupported("use_beam_search")
     if req.stream_options is not None:
@@ -210,9 +213,12 @@ def _base_request(
     return msg
 
 
-def _openai_sampling(req: OpenAIRequest, max_tokens: int | None) -> common_pb2.SamplingParams:
+def _openai_sampling(req: OpenAIRequest, max_tokens: int | None, budget: int | None) -> common_pb2.SamplingParams:
     no_stop_trim = req.include_stop_str_in_output if req.include_stop_str_in_output is not None else req.no_stop_trim
-    return sampling_params(req, max_new_tokens=max_tokens, min_new_tokens=req.min_tokens, no_stop_trim=no_stop_trim)
+    sp = sampling_params(req, max_new_tokens=max_tokens, min_new_tokens=req.min_tokens, no_stop_trim=no_stop_trim)
+    openai_structured_output(req).apply(sp)
+    apply_thinking(sp, budget, req.custom_logit_processor, req.custom_params)
+    return sp
 
 
 def _native_sampling(params: NativeSamplingParams | None) -> common_pb2.SamplingParams:
@@ -224,18 +230,9 @@ def _native_sampling(params: NativeSamplingParams | None) -> common_pb2.Sampling
     sp = sampling_params(
         params, "sampling_params.", max_new_tokens=max_new_tokens, min_new_tokens=params.min_new_tokens
     )
-    constraints = {
-        name: getattr(params, name)
-        for name in ("json_schema", "regex", "ebnf", "structural_tag")
-        if getattr(params, name) is not None
-    }
-    if len(constraints) > 1:
-        names = ", ".join(sorted(constraints))
-        raise invalid_request(f"at most one structured-output constraint may be given, got {names}", "sampling_params")
-    for name, value in constraints.items():
-        setattr(sp, name, value)
-    if params.custom_params:
-        sp.custom_params.update(params.custom_params)
+    native_structured_output(params).apply(sp)
+    budget = thinking_budget(params, params.custom_params, prefix="sampling_params.")
+    apply_thinking(sp, budget, None, params.custom_params)
     return sp
 
 

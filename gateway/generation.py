@@ -33,6 +33,15 @@ _QUEUE_SIZE = 64
 
 
 @dataclass
+class ToolCall:
+    """One tool call of a sample, as its deltas have built it so far."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+@dataclass
 class Sample:
     """What one sample has produced so far; the counts are cumulative."""
 
@@ -50,6 +59,10 @@ class Sample:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # Separated thinking text, the tool calls read from the output, and the tokens spent thinking.
+    reasoning_text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning_tokens: int = 0
     finish_reason: common_pb2.FinishReason | None = None
     finished: float | None = None
 
@@ -67,6 +80,8 @@ class Event:
     token_ids: Sequence[int]
     logprobs: Sequence[common_pb2.PositionLogprobs]
     done: bool
+    reasoning_text: str = ""
+    tool_calls: Sequence[common_pb2.ToolCallDelta] = ()
 
 
 class Generation:
@@ -180,7 +195,19 @@ class Generation:
             sample.prompt_tokens = chunk.prompt_tokens
             sample.completion_tokens = chunk.completion_tokens
             sample.cached_tokens = chunk.cached_tokens
-            return Event(sample, chunk.text, chunk.token_ids, chunk.logprobs, done=False)
+            sample.reasoning_text += chunk.reasoning_text
+            sample.reasoning_tokens = chunk.reasoning_tokens
+            for delta in chunk.tool_calls:
+                _add_tool_call_delta(sample, delta)
+            return Event(
+                sample,
+                chunk.text,
+                chunk.token_ids,
+                chunk.logprobs,
+                done=False,
+                reasoning_text=chunk.reasoning_text,
+                tool_calls=chunk.tool_calls,
+            )
         complete = response.complete
         if complete.finish_reason.WhichOneof("kind") == "abort":
             raise GenerationAborted(complete.finish_reason.abort.message)
@@ -188,6 +215,7 @@ class Generation:
             sample.prompt_tokens = complete.usage.prompt_tokens
             sample.completion_tokens = complete.usage.completion_tokens
             sample.cached_tokens = complete.usage.cached_tokens
+            sample.reasoning_tokens = complete.usage.reasoning_tokens
         if complete.input_logprobs:
             # All samples of a prompt share its logprobs, which the router may send with one of them only.
             for sibling in self.samples:
@@ -196,6 +224,16 @@ class Generation:
         sample.finish_reason = complete.finish_reason
         sample.finished = time.monotonic()
         return Event(sample, "", (), (), done=True)
+
+
+def _add_tool_call_delta(sample: Sample, delta: common_pb2.ToolCallDelta) -> None:
+    calls = sample.tool_calls
+    if delta.index == len(calls):
+        calls.append(ToolCall(id=delta.id, name=delta.name))
+    elif delta.index > len(calls):
+        message = f"the router sent tool call {delta.index} of sample {sample.index} before call {len(calls)}"
+        raise HTTPError(502, message)
+    calls[delta.index].arguments += delta.arguments
 
 
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:

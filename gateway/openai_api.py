@@ -77,6 +77,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         as_token_ids=bool(body.return_tokens_as_token_ids),
         prompt_logprobs=body.prompt_logprobs,
+        stream_reasoning=body.stream_reasoning is not False,
+        named_tool=message.tool_calling.mode == common_pb2.ToolCalling.NAMED,
     )
     return await _respond(request, body, response_id, [message], view, False, chat_body, chat_chunks)
 

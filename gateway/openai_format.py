@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.assistant_output import DeltaBuilder, assistant_message
 from gateway.generation import Generation, Sample
 from gateway.logprobs_format import chat_logprobs, completion_logprobs, prompt_logprobs
 from gateway.prompts import Prompt
@@ -54,6 +55,10 @@ class View:
     prompt_logprobs: int | None = None
     # Completions `echo`: one per prompt, in prompt order; empty without echo.
     echoes: Sequence[Prompt] = ()
+    # Chat streams: reasoning deltas as they come; False sends it in one piece when it ends.
+    stream_reasoning: bool = True
+    # Chat: a named tool_choice, whose calls end with finish_reason "stop" (as OpenAI's do).
+    named_tool: bool = False
 
     def completion_logprobs(
         self, positions: Sequence[PositionLogprobs], offset: int = 0, first: TokenLogprob | None = None
@@ -78,21 +83,24 @@ class View:
         return echo.text + sample.text, logprobs
 
 
-def finish(sample: Sample) -> tuple[str, int | str | None]:
+def finish(sample: Sample, named_tool: bool = False) -> tuple[str, int | str | None]:
     """OpenAI `finish_reason` and vLLM `stop_reason`: the matched stop token id, string or regex
-    pattern; null for the model's EOS and for length."""
+    pattern; null for the model's EOS, for length and for a finished grammar. A sample that
+    stopped after calling tools says "tool_calls", unless the request named the function."""
     reason = sample.finish_reason
     assert reason is not None, "only finished samples have a finish reason"
     if reason.WhichOneof("kind") == "length":
         return "length", None
+    stopped = "tool_calls" if sample.tool_calls and not named_tool else "stop"
     matched = reason.stop.WhichOneof("matched")
     if matched is None or matched == "eos_token_id":
-        return "stop", None
-    return "stop", getattr(reason.stop, matched)
+        return stopped, None
+    return stopped, getattr(reason.stop, matched)
 
 
-def usage(samples: Sequence[Sample]) -> dict[str, Any]:
-    """Token counts of a whole response: each prompt counted once, every sample's completion."""
+def usage(samples: Sequence[Sample], *, chat: bool = False) -> dict[str, Any]:
+    """Token counts of a whole response: each prompt counted once, every sample's completion.
+    Chat also counts the completion tokens spent thinking, as OpenAI's chat usage does."""
     prompt_tokens: dict[int, int] = {}
     cached_tokens: dict[int, int] = {}
     for s in samples:
@@ -101,12 +109,15 @@ def usage(samples: Sequence[Sample]) -> dict[str, Any]:
         cached_tokens[s.prompt] = max(cached_tokens.get(s.prompt, 0), s.cached_tokens)
     prompt = sum(prompt_tokens.values())
     completion = sum(s.completion_tokens for s in samples)
-    return {
+    counts: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(cached_tokens.values())},
     }
+    if chat:
+        counts["completion_tokens_details"] = {"reasoning_tokens": sum(s.reasoning_tokens for s in samples)}
+    return counts
 
 
 def completion_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, Any]:
@@ -130,17 +141,17 @@ def completion_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[s
 def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, Any]:
     choices = []
     for s in samples:
-        finish_reason, stop_reason = finish(s)
+        finish_reason, stop_reason = finish(s, view.named_tool)
         choices.append(
             {
                 "index": s.index,
-                "message": {"role": "assistant", "content": s.text},
+                "message": assistant_message(s),
                 "logprobs": view.chat_logprobs(s.logprobs),
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }
         )
-    body = {**head.fields("chat.completion"), "choices": choices, "usage": usage(samples)}
+    body = {**head.fields("chat.completion"), "choices": choices, "usage": usage(samples, chat=True)}
     if view.prompt_logprobs is not None:
         # One prompt: vLLM puts its logprobs beside the choices.
         body["prompt_logprobs"] = prompt_logprobs(samples[0].input_logprobs, view.prompt_logprobs)
@@ -206,7 +217,7 @@ async def chat_chunks(
 
     def chunk(
         index: int,
-        delta: dict[str, str],
+        delta: dict[str, Any],
         logprobs: dict[str, Any] | None = None,
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
@@ -222,12 +233,17 @@ async def chat_chunks(
 
     for sample in generation.samples:
         yield chunk(sample.index, {"role": "assistant", "content": ""})
+    deltas = DeltaBuilder(stream_reasoning=view.stream_reasoning)
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
+            delta = deltas.of(event)
+            index = event.sample.index
             if event.done:
-                yield chunk(event.sample.index, {}, None, *finish(event.sample))
-            elif event.text or (view.logprobs is not None and event.logprobs):
+                if delta:
+                    yield chunk(index, delta)
+                yield chunk(index, {}, None, *finish(event.sample, view.named_tool))
+            elif delta or (view.logprobs is not None and event.logprobs):
                 # Tokens whose text is held back (stop-string matching) still show their logprobs.
-                yield chunk(event.sample.index, {"content": event.text}, view.chat_logprobs(event.logprobs))
+                yield chunk(index, delta or {"content": ""}, view.chat_logprobs(event.logprobs))
     if include_usage:
-        yield {**base, "choices": [], "usage": usage(generation.samples)}
+        yield {**base, "choices": [], "usage": usage(generation.samples, chat=True)}

@@ -15,8 +15,7 @@ Validation policy, chosen deliberately:
   one we do not implement) gives the client output it did not ask for. Fields
   that never change the output (`user`, `metadata`, `store`, ...) are declared
   and accepted.
-- Parameters we know but cannot honour yet (`suffix`, `tools`, beam search,
-  structured outputs in OpenAI bodies, ...) are declared so that their
+- Parameters we know but cannot honour yet (`suffix`, beam search, ...) are declared so that their
   harmless values (null, false, "none") pass; any other value is refused by
   `convert` with a 400 naming the parameter. `convert` also makes the checks
   about the request's own shape (`stream_options` without `stream`, ...).
@@ -86,6 +85,12 @@ class SamplingFields(_Body):
     no_repeat_ngram_size: U32 | None = None
     nsigma: float | None = None
 
+    # Thinking budget (docs/reasoning.md): Turnout's name and its aliases
+    # (Aphrodite-style max_thinking_tokens, vLLM thinking_token_budget).
+    thinking_budget: U32 | None = None
+    max_thinking_tokens: U32 | None = None
+    thinking_token_budget: U32 | None = None
+
 
 class StreamOptions(_Body):
     include_usage: bool | None = None
@@ -118,8 +123,27 @@ class OpenAIRequest(SamplingFields):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
 
-    # Known but not honoured yet: only their "off" values pass (see convert).
+    # Structured outputs (docs/structured-outputs.md); at most one constraint per
+    # request, checked by `structured_outputs`. OpenAI:
     response_format: dict[str, Any] | None = None
+    # vLLM's current form: {json, regex, choice, grammar, json_object, structural_tag, ...}.
+    structured_outputs: dict[str, Any] | None = None
+    # The older vLLM / Aphrodite fields.
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
+    # SGLang's top-level constraint fields in OpenAI bodies.
+    regex: str | None = None
+    ebnf: str | None = None
+
+    # SGLang custom logit processor: a built-in name or CustomLogitProcessor.to_str(); its parameters.
+    custom_logit_processor: str | None = None
+    custom_params: dict[str, Any] | None = None
+
+    # Known but not honoured yet: only their "off" values pass (see convert).
     use_beam_search: bool | None = None
 
 
@@ -152,6 +176,28 @@ class ToolCallIn(_Body):
     function: FunctionCall
 
 
+class FunctionDefinition(_Body):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    # The arguments' JSON schema.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessageIn(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
@@ -181,13 +227,22 @@ class ChatCompletionRequest(OpenAIRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
 
+    # Tool calling (docs/structured-outputs.md#tool-calling).
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     modalities: list[Literal["text"]] | None = None
 
+    # Reasoning (docs/reasoning.md): split the thinking block out as
+    # `reasoning_content` (SGLang; default true) and stream it as it comes
+    # (default true; false sends it in one piece when it ends).
+    separate_reasoning: bool | None = None
+    stream_reasoning: bool | None = None
+    # OpenAI's effort levels, mapped to a thinking budget when none is given.
+    reasoning_effort: str | None = None
+
     # Known but not honoured yet (vLLM's chat `echo` repeats the last message).
     echo: bool | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
 
 
 class NativeSamplingParams(SamplingFields):
@@ -201,6 +256,8 @@ class NativeSamplingParams(SamplingFields):
     ebnf: str | None = None
     structural_tag: str | None = None
     custom_params: dict[str, Any] | None = None
+    # vLLM's name for the whitespace switch of JSON constraints.
+    disable_any_whitespace: bool | None = None
 
 
 class NativeGenerateRequest(_Body):
@@ -225,3 +282,5 @@ class NativeGenerateRequest(_Body):
     top_logprobs_num: U32 | list[U32] | None = None
     token_ids_logprob: list[U32] | list[list[U32]] | None = None
     return_text_in_logprobs: bool | list[bool] | None = None
+    # SGLang: a built-in processor name or CustomLogitProcessor.to_str(), one for all or one per prompt.
+    custom_logit_processor: str | list[str | None] | None = None

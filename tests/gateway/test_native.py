@@ -150,7 +150,7 @@ async def test_finish_reason_shapes(
         ({"text": ["a", "b"], "return_text_in_logprobs": [True]}, "return_text_in_logprobs"),
         ({"text": "a", "top_logprobs_num": -1}, "top_logprobs_num"),
         ({"text": "a", "sampling_params": {"max_tokens": 5}}, "sampling_params.max_tokens"),
-        ({"text": "a", "sampling_params": {"regex": "a", "ebnf": "b"}}, "sampling_params"),
+        ({"text": "a", "sampling_params": {"regex": "a", "ebnf": "b"}}, "sampling_params.ebnf"),
         ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
         ({"text": ["a", "b"], "rid": "one"}, "rid"),
         ({"text": [], "stream": False}, "text"),
