@@ -36,6 +36,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.router.config import POLICIES
+from services.tokenizer.reasoning import REASONING_PARSERS
+from services.tokenizer.tool_parsers import TOOL_PARSERS
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +200,10 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
     if args.chat_template:
         tokenizer += ["--chat-template", args.chat_template]
+    if args.reasoning_parser:
+        tokenizer += ["--reasoning-parser", args.reasoning_parser]
+    if args.tool_call_parser:
+        tokenizer += ["--tool-call-parser", args.tool_call_parser]
     router = [*turnout, "router", "--tokenizer", addr["tokenizer"], "--policy", args.policy]
     for port in engine_ports:
         router += ["--engine", f"127.0.0.1:{port}"]
@@ -237,6 +243,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--chat-template", default=None)
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="the tokenizer splits <think> blocks into reasoning for requests that ask (default: none)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_PARSERS),
+        help="the tokenizer reads tool calls for tool_choice 'auto' (default: none: such requests are refused)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for all to be healthy")
     parser.add_argument("--log-level", default=None)
     return parser

@@ -1,6 +1,7 @@
 """One Generate request through the stack:
 
-    encode (tokenizer) -> Engine.Generate (token ids) -> Detokenize streams (text, stop strings) -> caller
+    encode (tokenizer) -> Engine.Generate (token ids) -> Detokenize streams (text, stop strings,
+    reasoning, tool calls) -> caller
 
 Every engine chunk of a sample is answered by exactly one Detokenize response,
 so text deltas stay aligned with their token ids and log-probabilities. A
@@ -8,6 +9,9 @@ matched stop string or regex ends its sample (the engine is told to abort just
 that sample); once every sample has ended the engine call is cancelled.
 Leaving this generator early (the caller went away) cancels the engine call
 and the Detokenize streams the same way.
+
+Tool calling: REQUIRED / NAMED constrain the engine to a JSON form (tool_constraint);
+every sample's Detokenize stream reads reasoning and tool calls out of its own text.
 
 best_of > n: all best_of samples are generated and held back; the n with the
 highest cumulative log-probability are then sent, renumbered 0 .. n-1.
@@ -23,9 +27,10 @@ from collections.abc import AsyncIterator
 from services.router import dispatch
 from services.router.engine_pool import EnginePool
 from services.router.logprob_text import fill_texts
-from services.router.prompt import encode_prompt, encode_sampling_strings
+from services.router.prompt import Prompt, encode_prompt, encode_sampling_strings
 from services.router.sample_text import SampleText
 from services.router.tokenizer_pool import TokenizerPool
+from services.router.tool_constraint import constrain_for_tools
 from turnout.v1 import common_pb2, engine_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -52,8 +57,11 @@ async def generate(
 ) -> AsyncIterator[inference_pb2.GenerateResponse]:
     model = engines.model_info(request.model)
     tokenizer = tokenizers.pick()
-    input_ids = await encode_prompt(request, tokenizer)
-    params = await encode_sampling_strings(request.sampling_params, tokenizer)
+    # Checked before any tokenizer or engine work: a bad tool request costs nothing.
+    params = constrain_for_tools(request, request.sampling_params)
+    prompt = await encode_prompt(request, tokenizer)
+    input_ids = prompt.ids
+    params = await encode_sampling_strings(params, tokenizer)
     request_id = request.request_id or uuid.uuid4().hex
     n = params.n if params.HasField("n") else 1
     best_of = params.best_of if params.HasField("best_of") else n
@@ -71,8 +79,11 @@ async def generate(
 
     with_texts = request.logprob_options.return_text_in_logprobs
     keep_logprobs = _asks_logprobs(request.logprob_options)
-    start = _detokenize_start(request_id, input_ids, params)
+    start = _detokenize_start(request_id, prompt, params, request)
     samples = _Samples(engines, model.name, tokenizer, start, params, best_of)
+    if request.tool_calling.mode == common_pb2.ToolCalling.AUTO:
+        # The tokenizer refuses AUTO when it runs without --tool-call-parser: learn that before the engine runs.
+        await samples.check_start()
     if not ranking:
         async for response in samples.run(engine_request):
             if with_texts:
@@ -100,14 +111,17 @@ async def generate(
 
 
 def _detokenize_start(
-    request_id: str, input_ids: list[int], params: common_pb2.SamplingParams
+    request_id: str, prompt: Prompt, params: common_pb2.SamplingParams, request: inference_pb2.GenerateRequest
 ) -> tokenizer_pb2.DetokenizeStart:
     start = tokenizer_pb2.DetokenizeStart(
         request_id=request_id,
-        prompt_ids=input_ids[-PROMPT_CONTEXT_TOKENS:],
+        prompt_ids=prompt.ids[-PROMPT_CONTEXT_TOKENS:],
         stop=params.stop,
         stop_regex=params.stop_regex,
         no_stop_trim=params.no_stop_trim,
+        separate_reasoning=request.separate_reasoning,
+        thinking_open=prompt.thinking_open,
+        tool_calling=request.tool_calling,
     )
     for flag in ("skip_special_tokens", "spaces_between_special_tokens"):
         if params.HasField(flag):
@@ -152,6 +166,10 @@ class _Samples:
             self._texts[index] = SampleText(self._tokenizer, self._start)
         return self._texts[index]
 
+    async def check_start(self) -> None:
+        """Open sample 0's Detokenize stream with no tokens, so the tokenizer's refusal of it comes now."""
+        await self._text(0).push([], last=False)
+
     async def run(
         self, engine_request: engine_pb2.EngineGenerateRequest
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
@@ -180,7 +198,7 @@ class _Samples:
         if chunk.index in self._ended:
             return
         text = await self._text(chunk.index).push(list(chunk.token_ids), last=False)
-        yield _chunk(chunk.index, text.text, chunk.token_ids, chunk.logprobs, chunk)
+        yield _chunk(chunk.index, text, chunk.token_ids, chunk.logprobs, chunk)
         matched = _matched(text)
         if matched is None:
             return
@@ -189,6 +207,7 @@ class _Samples:
             prompt_tokens=chunk.prompt_tokens,
             completion_tokens=chunk.completion_tokens,
             cached_tokens=chunk.cached_tokens,
+            reasoning_tokens=text.reasoning_tokens,
         )
         yield _complete(chunk.index, matched, usage, self._input_logprobs)
         engine = self._call.engine if self._call is not None else None
@@ -205,9 +224,13 @@ class _Samples:
         feed = ids[:-1] if ids and _stop_token_trimmed(done.finish_reason, self._params) else ids
         text = await self._text(done.index).push(feed, last=True)
         finish = _matched(text) or done.finish_reason
-        if ids or text.text:
-            yield _chunk(done.index, text.text, ids, done.logprobs, done.usage)
-        yield _complete(done.index, finish, done.usage, self._input_logprobs)
+        usage = common_pb2.Usage()
+        usage.CopyFrom(done.usage)
+        if text.reasoning_tokens:
+            usage.reasoning_tokens = text.reasoning_tokens
+        if ids or text.text or text.reasoning_text or text.tool_calls:
+            yield _chunk(done.index, text, ids, done.logprobs, usage)
+        yield _complete(done.index, finish, usage, self._input_logprobs)
 
 
 def _matched(text: tokenizer_pb2.DetokenizeResponse) -> common_pb2.FinishReason | None:
@@ -220,15 +243,19 @@ def _matched(text: tokenizer_pb2.DetokenizeResponse) -> common_pb2.FinishReason 
 
 def _chunk(
     index: int,
-    text: str,
+    text: tokenizer_pb2.DetokenizeResponse,
     token_ids: object,
     logprobs: object,
     counts: engine_pb2.EngineChunk | common_pb2.Usage,
 ) -> inference_pb2.GenerateResponse:
+    """A chunk of one sample: the tokenizer's text, reasoning and tool calls, with the engine's tokens and counts."""
     return inference_pb2.GenerateResponse(
         chunk=inference_pb2.GenerateChunk(
             index=index,
-            text=text,
+            text=text.text,
+            reasoning_text=text.reasoning_text,
+            tool_calls=text.tool_calls,
+            reasoning_tokens=text.reasoning_tokens,
             token_ids=token_ids,  # type: ignore[arg-type]
             logprobs=logprobs,  # type: ignore[arg-type]
             prompt_tokens=counts.prompt_tokens,

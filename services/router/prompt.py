@@ -7,6 +7,8 @@ here: the prompt (text or chat), `bad_words` and DRY's sequence breakers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -14,10 +16,16 @@ from turnout.v1 import common_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_g
 DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 
 
-async def encode_prompt(
-    request: inference_pb2.GenerateRequest, tokenizer: tokenizer_pb2_grpc.TokenizerStub
-) -> list[int]:
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    # The rendered chat template left a thinking block open: the output starts inside it.
+    thinking_open: bool = False
+
+
+async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizer: tokenizer_pb2_grpc.TokenizerStub) -> Prompt:
     which = request.WhichOneof("input")
+    thinking_open = False
     if which == "input_ids":
         if not request.input_ids.ids:
             raise InvalidArgument("input_ids must not be empty")
@@ -34,7 +42,8 @@ async def encode_prompt(
                 encode.add_special_tokens = request.add_special_tokens
         else:
             raise InvalidArgument("a generate request needs `text`, `input_ids` or `chat`")
-        ids = list((await tokenizer.Encode(encode)).input_ids)
+        reply = await tokenizer.Encode(encode)
+        ids, thinking_open = list(reply.input_ids), reply.thinking_open
         if not ids:
             raise InvalidArgument("the prompt encodes to no tokens")
     params = request.sampling_params
@@ -43,7 +52,7 @@ async def encode_prompt(
         if keep < 1:
             raise InvalidArgument(f"truncate_prompt_tokens must be at least 1, got {keep}")
         ids = ids[-keep:]
-    return ids
+    return Prompt(ids, thinking_open)
 
 
 async def encode_sampling_strings(

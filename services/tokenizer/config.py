@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.tokenizer.reasoning import reasoning_parser_class
+from services.tokenizer.tool_parsers import tool_parser_class
+
 
 @dataclass(frozen=True)
 class TokenizerConfig:
@@ -13,8 +16,16 @@ class TokenizerConfig:
     port: int = 50052
     # A Jinja chat template that replaces the model's own (file path or inline text).
     chat_template: str | None = None
+    # Splits `<think>` blocks out for requests with separate_reasoning (a name in reasoning.REASONING_PARSERS).
+    reasoning_parser: str | None = None
+    # Reads tool calls for tool_choice "auto" (a name in tool_parsers.TOOL_PARSERS).
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
+        if self.reasoning_parser is not None:
+            reasoning_parser_class(self.reasoning_parser)
+        if self.tool_call_parser is not None:
+            tool_parser_class(self.tool_call_parser)
         if not self.model.is_dir():
             raise ValueError(f"--model {self.model}: not a folder")
         if not any((self.model / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -34,7 +35,7 @@ def message_to_dict(message: common_pb2.ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": call.type or "function",
-                "function": {"name": call.name, "arguments": call.arguments},
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
             }
             for call in message.tool_calls
         ]
@@ -43,6 +44,17 @@ def message_to_dict(message: common_pb2.ChatMessage) -> dict[str, Any]:
     if message.HasField("reasoning_content"):
         entry["reasoning_content"] = message.reasoning_content
     return entry
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as templates want them: the JSON object as a dict, since Qwen, Hermes, Llama 3
+    and Mistral templates write `arguments | tojson` (a string would come out quoted); text that is not a
+    JSON object stays the string it was."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def template_kwargs(options: common_pb2.ChatTemplateOptions) -> dict[str, Any]:

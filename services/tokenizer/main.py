@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 
 from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.reasoning import REASONING_PARSERS
+from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.logs import setup_logging
 
 
@@ -17,6 +19,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50052)
     parser.add_argument("--chat-template", default=None, help="Jinja chat template (file path or text)")
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="split <think> blocks into reasoning_text for requests with separate_reasoning (default: none)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_PARSERS),
+        help="read tool calls from the output for tool_choice 'auto' (default: none; such requests are refused)",
+    )
     parser.add_argument("--log-level", default=None)
     return parser
 
@@ -28,7 +42,14 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace) -> None:
     setup_logging("tokenizer", args.log_level)
     try:
-        config = TokenizerConfig(model=args.model, host=args.host, port=args.port, chat_template=args.chat_template)
+        config = TokenizerConfig(
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            chat_template=args.chat_template,
+            reasoning_parser=args.reasoning_parser,
+            tool_call_parser=args.tool_call_parser,
+        )
     except ValueError as exc:
         raise SystemExit(f"turnout tokenizer: {exc}") from None
     asyncio.run(_serve(config))
@@ -40,7 +61,11 @@ async def _serve(config: TokenizerConfig) -> None:
     from turnout.grpc_server import ServiceSpec, serve
     from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
-    servicer = TokenizerServicer(TextTokenizer(config.model, config.chat_template))
+    servicer = TokenizerServicer(
+        TextTokenizer(config.model, config.chat_template),
+        reasoning_parser=config.reasoning_parser,
+        tool_call_parser=config.tool_call_parser,
+    )
     spec = ServiceSpec(
         name=tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name,
         add=lambda server: tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server),

@@ -1,16 +1,20 @@
-"""The Tokenizer gRPC servicer: encode, decode, streaming detokenization and per-token texts."""
+"""The Tokenizer gRPC servicer: encode, decode, streaming detokenization (with reasoning and
+tool-call parsing) and per-token texts."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from grpc import aio
 
 from services.tokenizer.convert import message_to_dict, template_kwargs
 from services.tokenizer.detokenizer import IncrementalDetokenizer
+from services.tokenizer.output_parser import OutputParser
+from services.tokenizer.reasoning import DEFAULT_THINK_TAGS, reasoning_parser_class
 from services.tokenizer.stop_matcher import StopMatcher
 from services.tokenizer.text_tokenizer import TextTokenizer
+from services.tokenizer.tool_parsers import tool_parser_class
 from turnout.errors import FailedPrecondition, InvalidArgument
 from turnout.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -18,13 +22,21 @@ log = logging.getLogger(__name__)
 
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
-    def __init__(self, tokenizer: TextTokenizer) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer, *, reasoning_parser: str | None = None, tool_call_parser: str | None = None
+    ) -> None:
+        """Parser names as in TokenizerConfig (validated there); None: that parsing is off."""
         self._tokenizer = tokenizer
+        self._reasoning_parser = None if reasoning_parser is None else reasoning_parser_class(reasoning_parser)
+        self._tool_parser = None if tool_call_parser is None else tool_parser_class(tool_call_parser)
+        parser = self._reasoning_parser
+        self._think_tags = DEFAULT_THINK_TAGS if parser is None else (parser.start_tag, parser.end_tag)
 
     async def Encode(
         self, request: tokenizer_pb2.EncodeRequest, context: aio.ServicerContext
     ) -> tokenizer_pb2.EncodeResponse:
         which = request.WhichOneof("input")
+        thinking_open = False
         if which == "text":
             add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
             text = request.text
@@ -33,10 +45,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             text = self._tokenizer.render_chat(messages, **template_kwargs(request.chat.options))
             # The template already placed the special tokens it wants.
             add_special = request.add_special_tokens if request.HasField("add_special_tokens") else False
+            # Open when the last start tag comes after the last end tag (rfind gives -1 for neither).
+            start_tag, end_tag = self._think_tags
+            thinking_open = text.rfind(start_tag) > text.rfind(end_tag)
         else:
             raise InvalidArgument("EncodeRequest needs `text` or `chat`")
         ids = self._tokenizer.encode(text, add_special_tokens=add_special)
-        return tokenizer_pb2.EncodeResponse(input_ids=ids, prompt_text=text)
+        return tokenizer_pb2.EncodeResponse(input_ids=ids, prompt_text=text, thinking_open=thinking_open)
 
     async def Decode(
         self, request: tokenizer_pb2.DecodeRequest, context: aio.ServicerContext
@@ -66,6 +81,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         )
         # Compiled once per stream; a bad pattern fails the stream before any output.
         matcher = StopMatcher(start.stop, regexes=start.stop_regex, keep_stop=start.no_stop_trim)
+        parser = OutputParser(start, self._reasoning_parser, self._tool_parser)
         ended = False
         async for message in requests:
             if message.WhichOneof("kind") != "tokens":
@@ -75,13 +91,24 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             tokens = message.tokens
             if any(t >= vocab for t in tokens.token_ids):
                 raise InvalidArgument(f"token ids must be below the vocabulary size {vocab}")
-            delta = detokenizer.push(tokens.token_ids)
+            delta = _push(detokenizer, parser, tokens.token_ids)
             if tokens.last:
-                delta += detokenizer.flush()
+                tail = detokenizer.flush()
+                parser.count(tail, 0)
+                delta += tail
             result = matcher.push(delta, last=tokens.last)
             ended = tokens.last or result.stopped
+            parsed = parser.parse(result.text, last=ended)
             yield tokenizer_pb2.DetokenizeResponse(
-                text=result.text, matched_stop=result.matched_stop, matched_regex=result.matched_regex
+                text=parsed.content,
+                matched_stop=result.matched_stop,
+                matched_regex=result.matched_regex,
+                reasoning_text=parsed.reasoning,
+                tool_calls=[
+                    common_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+                    for c in parsed.calls
+                ],
+                reasoning_tokens=parser.reasoning_tokens,
             )
 
     async def EncodeTexts(
@@ -96,6 +123,18 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     ) -> tokenizer_pb2.TokenTextsResponse:
         texts, token_bytes = self._tokenizer.token_texts(request.token_ids)
         return tokenizer_pb2.TokenTextsResponse(texts=texts, token_bytes=token_bytes)
+
+
+def _push(detokenizer: IncrementalDetokenizer, parser: OutputParser, token_ids: Sequence[int]) -> str:
+    """New final text of these tokens; token by token when reasoning tokens are counted."""
+    if not parser.counts_tokens:
+        return detokenizer.push(token_ids)
+    pieces = []
+    for token_id in token_ids:
+        piece = detokenizer.push([token_id])
+        parser.count(piece, 1)
+        pieces.append(piece)
+    return "".join(pieces)
 
 
 def _flag(message: object, name: str, default: bool) -> bool:

@@ -1,7 +1,8 @@
 """An in-process router (the real RouterRuntime and servicers on a loopback gRPC server)
 in front of scripted fake engines and a fake tokenizer, each a real grpc.aio server.
 
-Fake engines stream `tokens` token ids (100, 101, ...) one chunk each, and can be
+Fake engines stream `tokens` token ids (100, 101, ...) one chunk each, or scripted
+`outputs` (one list of token ids per sample), and can be
 told to fail before output, fail after k tokens, hold their stream open until
 released, or be stopped and started again on the same port, as a killed and
 restarted engine would be.
@@ -44,6 +45,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.name = name
         self.port = 0
         self.tokens = 3
+        # Scripted output: sample i streams outputs[i % len(outputs)], one token id per chunk.
+        self.outputs: list[list[int]] | None = None
         self.token_delay_s = 0.0
         # Fail every Generate with this status before any output.
         self.fail: grpc.StatusCode | None = None
@@ -89,15 +92,19 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             if self.fail is not None:
                 await context.abort(self.fail, f"{self.name} fails on purpose")
             n = request.sampling_params.n if request.sampling_params.HasField("n") else 1
-            for i in range(self.tokens):
+            outputs = [self.outputs[index % len(self.outputs)] for index in range(n)] if self.outputs else None
+            length = max(len(o) for o in outputs) if outputs else self.tokens
+            for i in range(length):
                 if self.fail_after is not None and i == self.fail_after:
                     await context.abort(grpc.StatusCode.INTERNAL, f"{self.name} broke mid-stream")
                 await asyncio.sleep(self.token_delay_s)
                 for index in range(n):
+                    if outputs is not None and i >= len(outputs[index]):
+                        continue
                     yield engine_pb2.EngineGenerateResponse(
                         chunk=engine_pb2.EngineChunk(
                             index=index,
-                            token_ids=[100 + i],
+                            token_ids=[outputs[index][i] if outputs else 100 + i],
                             prompt_tokens=len(request.input_ids),
                             completion_tokens=i + 1,
                         )
@@ -105,8 +112,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             if self.hold is not None:
                 await self.hold.wait()
             for index in range(n):
-                usage = common_pb2.Usage(prompt_tokens=len(request.input_ids), completion_tokens=self.tokens)
-                finish = common_pb2.FinishReason(length=common_pb2.FinishReason.Length(length=self.tokens))
+                done = len(outputs[index]) if outputs else self.tokens
+                usage = common_pb2.Usage(prompt_tokens=len(request.input_ids), completion_tokens=done)
+                finish = common_pb2.FinishReason(length=common_pb2.FinishReason.Length(length=done))
                 yield engine_pb2.EngineGenerateResponse(
                     complete=engine_pb2.EngineComplete(index=index, finish_reason=finish, usage=usage)
                 )
@@ -202,14 +210,16 @@ async def make_cluster() -> AsyncIterator[Callable[..., Any]]:
         wait: bool = True,
         targets: tuple[str, ...] | None = None,
         resolver: Resolver = resolve_dns,
+        tokenizer_servicer: tokenizer_pb2_grpc.TokenizerServicer | None = None,
         **config: Any,
     ) -> Cluster:
+        """`tokenizer_servicer`: serve this one (e.g. the real TokenizerServicer) instead of a FakeTokenizer."""
         engines = [FakeEngine(f"engine{i}") for i in range(n)]
         for engine in engines:
             await engine.start()
-        tokenizer_server = aio.server()
+        tokenizer_server = aio.server(interceptors=[StatusInterceptor()])
         tokenizer = FakeTokenizer()
-        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(tokenizer, tokenizer_server)
+        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(tokenizer_servicer or tokenizer, tokenizer_server)
         tokenizer_port = tokenizer_server.add_insecure_port("127.0.0.1:0")
         await tokenizer_server.start()
         settings = {**FAST, **config}
