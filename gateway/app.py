@@ -7,10 +7,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
-from gateway import engines_api, native_api, openai_api
+from gateway import engines_api, native_api, openai_api, server_api, tokenize_api
 from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
+from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPathMiddleware
+from gateway.request_id import RequestIdMiddleware
 from gateway.router_client import RouterClient
 from turnout import __version__
 from turnout.grpc_server import insecure_channel
@@ -24,7 +27,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         # The channel connects lazily: the gateway starts even when the router
         # is not up yet (/health says 503 until it is).
         channel = insecure_channel(config.router_address)
-        app.state.router = RouterClient.on_channel(channel, config.request_timeout_s)
+        app.state.router = RouterClient.on_channel(channel, config.request_timeout_s, config.served_model_names)
         try:
             yield
         finally:
@@ -38,4 +41,21 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
     app.include_router(engines_api.router)
+    app.include_router(tokenize_api.router)
+    app.include_router(server_api.router)
+    # The last added runs first: CORS answers preflights before the key is checked, the
+    # size limit applies to authenticated requests only, and every response gets its id.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)
+    if config.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=config.api_keys)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=config.allowed_origins,
+        allow_methods=config.allowed_methods,
+        allow_headers=config.allowed_headers,
+        allow_credentials=config.allow_credentials,
+    )
+    app.add_middleware(RequestIdMiddleware)
+    if config.root_path:
+        app.add_middleware(RootPathMiddleware, root_path=config.root_path)
     return app

@@ -17,10 +17,12 @@ from gateway.generation import Event, Sample
 from turnout.v1 import common_pb2
 
 
-def assistant_message(sample: Sample) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": sample.text}
+def assistant_message(sample: Sample, echo: str = "") -> dict[str, Any]:
+    """`echo`: vLLM's chat echo, the last (assistant) message's content leading the reply."""
+    text = echo + sample.text
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if sample.tool_calls:
-        message["content"] = sample.text or None
+        message["content"] = text or None
         message["tool_calls"] = [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
             for call in sample.tool_calls

@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# 32 MiB: far above any prompt that fits a context, far below what hurts the process.
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """Where the router is and where the gateway listens.
+    """Where the router is, where the gateway listens, and the HTTP surface's options.
 
     `request_timeout_s` bounds each gRPC call to the router (None: no deadline);
     a call that runs past it answers HTTP 504.
+    `served_model_names` are names clients may use for the router's default
+    model (vLLM's `--served-model-name a b`); the first is the one responses
+    report. Empty: the router's own names only.
+    `api_keys`: when set, every route but the probes needs `Authorization: Bearer <key>`.
+    `allowed_*` / `allow_credentials`: the CORS policy (vLLM's flags and defaults).
+    `root_path`: the prefix a reverse proxy serves the gateway under.
+    `max_request_bytes`: larger request bodies are answered 413.
     """
 
     router_address: str
     host: str = "127.0.0.1"
     port: int = 8000
     request_timeout_s: float | None = None
+    served_model_names: tuple[str, ...] = ()
+    # repr=False: keys never reach logs or /get_server_info.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    root_path: str = ""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self) -> None:
         if not self.router_address.strip():
@@ -31,3 +50,18 @@ class GatewayConfig:
             math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0
         ):
             raise ValueError(f"request_timeout_s must be a positive number or None, got {self.request_timeout_s}")
+        if any(not name.strip() for name in self.served_model_names):
+            raise ValueError("served model names must not be empty")
+        if len(set(self.served_model_names)) != len(self.served_model_names):
+            raise ValueError(f"served model names must be distinct, got {list(self.served_model_names)}")
+        if any(not key for key in self.api_keys):
+            raise ValueError("an API key must not be empty")
+        if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
+            raise ValueError(f"root_path must start with '/' and not end with one (e.g. /llm), got {self.root_path!r}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
+
+    @property
+    def reported_model_name(self) -> str | None:
+        """The name responses report for the default model; None: the router's own name."""
+        return self.served_model_names[0] if self.served_model_names else None

@@ -77,8 +77,6 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
 
 def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.GenerateRequest:
     _refuse_openai(req)
-    if req.echo:
-        raise unsupported("echo")
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -175,11 +173,8 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
 def _refuse_openai(req: OpenAIRequest) -> None:
     if req.use_beam_search:
         raise unsupported("use_beam_search")
-    if req.stream_options is not None:
-        if not req.stream:
-            raise invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
-        if req.stream_options.continuous_usage_stats:
-            raise unsupported("stream_options.continuous_usage_stats")
+    if req.stream_options is not None and not req.stream:
+        raise invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     # The prompt's logprobs come with the end of a sample; vLLM has no streamed form for them either.
     if req.stream and req.prompt_logprobs is not None:
         raise invalid_request("'prompt_logprobs' is not available when 'stream' is true", "prompt_logprobs")
@@ -254,3 +249,19 @@ def _chat_message(message: ChatMessageIn, index: int) -> common_pb2.ChatMessage:
     if message.reasoning_content is not None:
         out.reasoning_content = message.reasoning_content
     return out
+
+
+def chat_messages(messages: Sequence[ChatMessageIn]) -> list[common_pb2.ChatMessage]:
+    """Chat messages as the proto carries them (for `/tokenize`); 400 for a message without content."""
+    return [_chat_message(m, i) for i, m in enumerate(messages)]
+
+
+def chat_echo(req: ChatCompletionRequest) -> str:
+    """What chat `echo` puts before the reply (vLLM): the final message's content when the assistant
+    wrote it (a reply being continued), else nothing."""
+    last = req.messages[-1]
+    if not req.echo or last.role != "assistant" or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "".join(part.text for part in last.content)

@@ -16,7 +16,7 @@ from turnout.v1 import router_admin_pb2
 router = APIRouter()
 
 
-def _engine(status: router_admin_pb2.EngineStatus) -> dict[str, Any]:
+def engine_json(status: router_admin_pb2.EngineStatus) -> dict[str, Any]:
     health = router_admin_pb2.EngineStatus.Health.Name(status.health).removeprefix("HEALTH_").lower()
     circuit = router_admin_pb2.EngineStatus.Circuit.Name(status.circuit).removeprefix("CIRCUIT_").lower()
     return {
@@ -47,5 +47,5 @@ async def list_engines(request: Request) -> dict[str, Any]:
         "targets": list(reply.targets),
         "active_requests": reply.active_requests,
         "queued_requests": reply.queued_requests,
-        "data": [_engine(s) for s in reply.engines],
+        "data": [engine_json(s) for s in reply.engines],
     }

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import os
 
-from gateway.config import GatewayConfig
+from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
 from turnout.logs import setup_logging
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,42 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="deadline of each call to the router; past it the client gets 504 (default: none)",
     )
     parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="names clients may use for the router's default model; responses report the first (default: the "
+        "router's names)",
+    )
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every route but the probes; repeat for several keys "
+        "(default: $TURNOUT_API_KEY, else no key)",
+    )
+    parser.add_argument(
+        "--allowed-origins", type=_string_list, default=["*"], help="CORS origins, a JSON list (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--allowed-methods", type=_string_list, default=["*"], help="CORS methods, a JSON list (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--allowed-headers", type=_string_list, default=["*"], help="CORS headers, a JSON list (default: %(default)s)"
+    )
+    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    parser.add_argument(
+        "--root-path", default="", help="path prefix when served behind a reverse proxy, e.g. /llm (default: none)"
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="N",
+        help="larger request bodies are answered 413 (default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level",
         default=None,
         type=str.upper,
@@ -36,6 +74,38 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="log level (default: $TURNOUT_LOG_LEVEL, else INFO)",
     )
     return parser
+
+
+def _string_list(value: str) -> list[str]:
+    """A JSON list of strings, as vLLM takes its CORS flags (a comma-separated list works too)."""
+    if not value.lstrip().startswith("["):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from None
+    if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value}")
+    return parsed
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """The config the flags describe; ValueError names a bad one."""
+    keys = args.api_key or ([os.environ["TURNOUT_API_KEY"]] if os.environ.get("TURNOUT_API_KEY") else [])
+    return GatewayConfig(
+        router_address=args.router,
+        host=args.host,
+        port=args.port,
+        request_timeout_s=args.request_timeout,
+        served_model_names=tuple(args.served_model_name or ()),
+        api_keys=tuple(keys),
+        allowed_origins=tuple(args.allowed_origins),
+        allowed_methods=tuple(args.allowed_methods),
+        allowed_headers=tuple(args.allowed_headers),
+        allow_credentials=args.allow_credentials,
+        root_path=args.root_path,
+        max_request_bytes=args.max_request_bytes,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,9 +124,7 @@ def run(args: argparse.Namespace) -> None:
 
     setup_logging("gateway", args.log_level)
     try:
-        config = GatewayConfig(
-            router_address=args.router, host=args.host, port=args.port, request_timeout_s=args.request_timeout
-        )
+        config = config_from_args(args)
     except ValueError as exc:
         raise SystemExit(f"turnout gateway: {exc}") from None
     log.info("starting", extra={"router": config.router_address, "host": config.host, "port": config.port})

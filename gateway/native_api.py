@@ -1,4 +1,4 @@
-"""SGLang-native routes: `/generate`, `/health`, `/get_model_info`.
+"""SGLang-native routes: `/generate` and `/get_model_info` (the probes and server state are `server_api`).
 
 `/generate` answers one output object for one prompt with one sample, and a
 list (prompt-major, `n` per prompt) otherwise; stream events then carry
@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from grpc import aio
 
-from gateway import convert, sse
-from gateway.errors import HTTPError, error_response, to_http_error
+from gateway import convert, request_id, sse
 from gateway.generation import Generation, Sample, unless_disconnected
 from gateway.logprobs_format import sglang_logprobs
 from gateway.prompts import Prompt, look_up, starts_at_zero
@@ -28,9 +25,6 @@ from gateway.router_client import router_of
 from turnout.v1 import common_pb2, inference_pb2
 
 router = APIRouter()
-
-# A health probe must answer quickly even when the router does not.
-HEALTH_TIMEOUT_S = 5.0
 
 
 def finish_reason(reason: common_pb2.FinishReason | None) -> dict[str, Any] | None:
@@ -65,9 +59,14 @@ def _output(sample: Sample, sample_id: str, request: inference_pb2.GenerateReque
 @router.post("/generate")
 async def generate(body: NativeGenerateRequest, request: Request) -> Response:
     messages, is_batch = convert.native_requests(body)
-    for message in messages:
-        message.request_id = message.request_id or uuid.uuid4().hex
+    chosen = request_id.begin(request, body, body.rid if isinstance(body.rid, str) else None)
+    header_id = request.headers.get(request_id.HEADER)
     client = router_of(request)
+    for i, message in enumerate(messages):
+        # The header wins over `rid`; prompts of a batch without their own rid get `{id}-{i}`.
+        if header_id or not message.request_id:
+            message.request_id = f"{chosen}-{i}" if is_batch else chosen
+        message.model = client.router_model(message.model)
 
     async def begin() -> tuple[list[Prompt], Generation]:
         prompts = await asyncio.gather(
@@ -110,18 +109,6 @@ async def _stream(
             if listed:
                 out["index"] = event.sample.index
             yield out
-
-
-@router.get("/health")
-async def health(request: Request) -> Response:
-    """200 when the router answers and serves a model, else 503."""
-    try:
-        models = await router_of(request).list_models(timeout_s=HEALTH_TIMEOUT_S)
-    except aio.AioRpcError as exc:
-        return error_response(HTTPError(503, f"router is not healthy: {to_http_error(exc).message}"))
-    if not models:
-        return error_response(HTTPError(503, "router serves no model"))
-    return Response(status_code=200)
 
 
 @router.get("/get_model_info")

@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import convert, sse
+from gateway import convert, request_id, sse
 from gateway.errors import HTTPError
 from gateway.generation import Generation, Sample, unless_disconnected
 from gateway.openai_format import Head, View, chat_body, chat_chunks, completion_body, completion_chunks
-from gateway.prompts import look_up
+from gateway.prompts import Prompt, look_up
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 from gateway.router_client import router_of
 from turnout.v1 import common_pb2, inference_pb2
@@ -39,48 +38,71 @@ def _model_card(info: common_pb2.ModelInfo, created: int) -> dict[str, Any]:
     }
 
 
+async def _model_cards(request: Request) -> list[dict[str, Any]]:
+    """The router's models; with --served-model-name, the default one listed once per name."""
+    client = router_of(request)
+    models = await client.list_models()
+    created = request.app.state.created
+    if not client.aliases:
+        return [_model_card(m, created) for m in models]
+    default = await client.model_info("")
+    named = []
+    for name in client.aliases:
+        alias = common_pb2.ModelInfo(name=name, path=default.path, max_context_length=default.max_context_length)
+        named.append(_model_card(alias, created))
+    return named + [_model_card(m, created) for m in models if m.name != default.name]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    models = await router_of(request).list_models()
-    created = request.app.state.created
-    return {"object": "list", "data": [_model_card(m, created) for m in models]}
+    return {"object": "list", "data": await _model_cards(request)}
 
 
 # `:path` because served names often contain a slash (org/model).
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    for info in await router_of(request).list_models():
-        if info.name == model_id:
-            return _model_card(info, request.app.state.created)
+    for card in await _model_cards(request):
+        if card["id"] == model_id:
+            return card
     raise HTTPError(404, f"model '{model_id}' does not exist", param="model")
 
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    response_id = f"cmpl-{body.request_id or uuid.uuid4().hex}"
-    messages = convert.completion_requests(body, response_id)
+    chosen = request_id.begin(request, body, body.request_id)
+    messages = convert.completion_requests(body, chosen)
     view = View(
         logprobs=body.logprobs,
         as_token_ids=bool(body.return_tokens_as_token_ids),
         prompt_logprobs=body.prompt_logprobs,
+        continuous_usage=_continuous_usage(body),
     )
     return await _respond(
-        request, body, response_id, messages, view, bool(body.echo), completion_body, completion_chunks
+        request, body, f"cmpl-{chosen}", messages, view, bool(body.echo), completion_body, completion_chunks
     )
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    response_id = f"chatcmpl-{body.request_id or uuid.uuid4().hex}"
-    message = convert.chat_request(body, response_id)
+    chosen = request_id.begin(request, body, body.request_id)
+    message = convert.chat_request(body, chosen)
+    echo = convert.chat_echo(body)
     view = View(
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         as_token_ids=bool(body.return_tokens_as_token_ids),
         prompt_logprobs=body.prompt_logprobs,
         stream_reasoning=body.stream_reasoning is not False,
         named_tool=message.tool_calling.mode == common_pb2.ToolCalling.NAMED,
+        echoes=[Prompt(text=echo)] if echo else (),
+        continuous_usage=_continuous_usage(body),
     )
-    return await _respond(request, body, response_id, [message], view, False, chat_body, chat_chunks)
+    return await _respond(request, body, f"chatcmpl-{chosen}", [message], view, False, chat_body, chat_chunks)
+
+
+def _continuous_usage(body: OpenAIRequest) -> bool:
+    # As in vLLM, continuous_usage_stats only adds to include_usage.
+    options = body.stream_options
+    return bool(body.stream and options and options.include_usage and options.continuous_usage_stats)
 
 
 async def _respond(
@@ -94,6 +116,8 @@ async def _respond(
     stream_chunks: ChunkStream,
 ) -> Response:
     client = router_of(request)
+    for message in messages:
+        message.model = client.router_model(message.model)
 
     async def begin() -> tuple[str, View, Generation]:
         model = await client.model_name(body.model)

@@ -5,10 +5,12 @@ router holds text back for stop-string matching, are not sent); exactly one
 chunk per choice with a non-null `finish_reason`; chat's first delta of every
 choice is `{"role": "assistant", "content": ""}`; with
 `stream_options.include_usage` every chunk has `"usage": null` and one last
-chunk has `"choices": []` and the usage. With logprobs, a chunk whose tokens
+chunk has `"choices": []` and the usage; with `continuous_usage_stats` as well,
+every chunk with a choice carries that choice's usage so far (vLLM). With logprobs, a chunk whose tokens
 have no text yet (held back) is sent anyway, for their logprobs. Completions
 `echo` puts the prompt before each choice's text (and, with logprobs, the
-prompt's positions before its tokens).
+prompt's positions before its tokens); chat `echo` (vLLM) puts the last
+message's content before each choice's when that message is the assistant's.
 """
 
 from __future__ import annotations
@@ -53,12 +55,19 @@ class View:
     as_token_ids: bool = False
     # vLLM `prompt_logprobs`: alternatives per prompt position; None: not asked for.
     prompt_logprobs: int | None = None
-    # Completions `echo`: one per prompt, in prompt order; empty without echo.
+    # Completions `echo`: one per prompt, in prompt order; chat `echo`: the one prompt, its text the
+    # final assistant message's content. Empty without echo.
     echoes: Sequence[Prompt] = ()
     # Chat streams: reasoning deltas as they come; False sends it in one piece when it ends.
     stream_reasoning: bool = True
     # Chat: a named tool_choice, whose calls end with finish_reason "stop" (as OpenAI's do).
     named_tool: bool = False
+    # stream_options.continuous_usage_stats: every chunk with a choice carries that choice's usage.
+    continuous_usage: bool = False
+
+    def chunk_usage(self, sample: Sample) -> dict[str, Any]:
+        """The `usage` field of a chunk about `sample`: nothing unless continuous usage was asked for."""
+        return {"usage": usage([sample])} if self.continuous_usage else {}
 
     def completion_logprobs(
         self, positions: Sequence[PositionLogprobs], offset: int = 0, first: TokenLogprob | None = None
@@ -145,7 +154,7 @@ def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, An
         choices.append(
             {
                 "index": s.index,
-                "message": assistant_message(s),
+                "message": assistant_message(s, view.echoes[0].text if view.echoes else ""),
                 "logprobs": view.chat_logprobs(s.logprobs),
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
@@ -185,7 +194,7 @@ async def completion_chunks(
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
-        return {**base, "choices": [choice]}
+        return {**base, "choices": [choice], **view.chunk_usage(generation.samples[index])}
 
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
@@ -229,10 +238,13 @@ async def chat_chunks(
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
-        return {**base, "choices": [choice]}
+        return {**base, "choices": [choice], **view.chunk_usage(generation.samples[index])}
 
+    echo = view.echoes[0].text if view.echoes else ""
     for sample in generation.samples:
         yield chunk(sample.index, {"role": "assistant", "content": ""})
+        if echo:
+            yield chunk(sample.index, {"content": echo})
     deltas = DeltaBuilder(stream_reasoning=view.stream_reasoning)
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:

@@ -10,12 +10,18 @@ Validation policy, chosen deliberately:
   never a silent coercion. An integer is bounded only by the width of the
   proto field it travels in (a token id or a count is a uint32): a value the
   proto cannot hold cannot reach the engine.
-- Unknown fields are a 400 (`extra="forbid"`). vLLM ignores them with a
-  warning; we refuse because a sampling parameter silently ignored (a typo, or
-  one we do not implement) gives the client output it did not ask for. Fields
-  that never change the output (`user`, `metadata`, `store`, ...) are declared
-  and accepted.
-- Parameters we know but cannot honour yet (`suffix`, beam search, ...) are declared so that their
+- Unknown fields are accepted and ignored, with one warning per request
+  naming them (`unknown_fields`), as vLLM does: clients and harnesses built
+  for other servers send fields of their own, and a drop-in server must not
+  refuse them. The one exception is `/generate`'s `sampling_params`, where an
+  unknown name is a 400 as in SGLang (its `SamplingParams(**params)` raises):
+  a sampling parameter silently ignored gives output nobody asked for.
+  Fields that never change the output (`user`, `metadata`, `store`, ...)
+  are declared, so they are accepted without a warning. Peers' parameters
+  that do steer the output and that we do not implement (`REFUSED_EXTRAS`:
+  multimodal inputs, adapters, ...) stay a 400 naming them.
+- Parameters we know but cannot honour yet (`suffix`, beam search, ...) are
+  declared so that their
   harmless values (null, false, "none") pass; any other value is refused by
   `convert` with a 400 naming the parameter. `convert` also makes the checks
   about the request's own shape (`stream_options` without `stream`, ...).
@@ -34,7 +40,39 @@ I64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    # Unknown fields are kept in `model_extra` so that `unknown_fields` can name them.
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+# Undeclared fields that are still a 400: peers' parameters that change the output and that this
+# gateway does not implement (a declared field never lands here, so declaring one lifts its entry).
+REFUSED_EXTRAS = frozenset(
+    {
+        # Peers' constraint and processor spellings not taken in OpenAI bodies (most are declared, which lifts them).
+        *("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern"),
+        *("guided_decoding_backend", "structured_outputs", "json_schema", "regex", "ebnf", "structural_tag"),
+        *("separate_reasoning", "stream_reasoning", "reasoning_effort", "thinking_budget"),
+        *("custom_logit_processor", "custom_params", "logits_processors"),
+        # Inputs and adapters we cannot take.
+        *("image_data", "audio_data", "video_data", "input_embeds", "lora_path", "lora_request"),
+        *("mm_processor_kwargs", "multi_modal_data"),
+        # Sampling we do not implement for this endpoint.
+        *("best_of", "length_penalty"),
+    }
+)
+
+
+def unknown_fields(body: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted paths of the fields `body` (and the models nested in it) did not declare."""
+    found = [f"{prefix}{name}" for name in body.model_extra or {}]
+    for name in type(body).model_fields:
+        value = getattr(body, name)
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                where = f"{prefix}{name}[{i}]." if isinstance(value, list) else f"{prefix}{name}."
+                found += unknown_fields(item, where)
+    return found
 
 
 class SamplingFields(_Body):
@@ -241,12 +279,14 @@ class ChatCompletionRequest(OpenAIRequest):
     # OpenAI's effort levels, mapped to a thinking budget when none is given.
     reasoning_effort: str | None = None
 
-    # Known but not honoured yet (vLLM's chat `echo` repeats the last message).
+    # vLLM: start the reply with the last message's content when it is an assistant message.
     echo: bool | None = None
 
 
 class NativeSamplingParams(SamplingFields):
-    """SGLang `sampling_params`."""
+    """SGLang `sampling_params`: unknown names are a 400 here, as in SGLang."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     # An explicit null means "no limit but the context" (as in SGLang); absent means 128.
     max_new_tokens: U32 | None = None

@@ -9,7 +9,14 @@ from grpc import aio
 from starlette.requests import Request
 
 from gateway.generation import Generation
-from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, router_admin_pb2, router_admin_pb2_grpc
+from turnout.v1 import (
+    common_pb2,
+    engine_pb2,
+    inference_pb2,
+    inference_pb2_grpc,
+    router_admin_pb2,
+    router_admin_pb2_grpc,
+)
 
 
 @dataclass(frozen=True)
@@ -19,13 +26,28 @@ class RouterClient:
     stub: inference_pb2_grpc.InferenceStub
     timeout_s: float | None
     admin: router_admin_pb2_grpc.RouterAdminStub | None = None
+    # --served-model-name: names of the router's default model; the first is reported.
+    aliases: tuple[str, ...] = ()
 
     @classmethod
-    def on_channel(cls, channel: aio.Channel, timeout_s: float | None) -> RouterClient:
-        return cls(inference_pb2_grpc.InferenceStub(channel), timeout_s, router_admin_pb2_grpc.RouterAdminStub(channel))
+    def on_channel(cls, channel: aio.Channel, timeout_s: float | None, aliases: Sequence[str] = ()) -> RouterClient:
+        return cls(
+            inference_pb2_grpc.InferenceStub(channel),
+            timeout_s,
+            router_admin_pb2_grpc.RouterAdminStub(channel),
+            tuple(aliases),
+        )
+
+    def router_model(self, requested: str | None) -> str:
+        """The name to send to the router: an alias becomes "" (the default model)."""
+        return "" if not requested or requested in self.aliases else requested
 
     async def generate(self, requests: Sequence[inference_pb2.GenerateRequest]) -> Generation:
         return await Generation.start(self.stub, requests, self.timeout_s)
+
+    async def tokenize_request(self, request: inference_pb2.TokenizeRequest) -> inference_pb2.TokenizeResponse:
+        request.model = self.router_model(request.model)
+        return await self.stub.Tokenize(request, timeout=self.timeout_s)
 
     async def tokenize(self, model: str, text: str, add_special_tokens: bool | None) -> list[int]:
         """`text` as the router encodes a text prompt (`add_special_tokens` None: the router's default)."""
@@ -46,20 +68,31 @@ class RouterClient:
         reply = await self.stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout_s or self.timeout_s)
         return list(reply.models)
 
-    async def model_info(self, model: str = "") -> common_pb2.ModelInfo:
-        """The named model, or the default one for an empty name; NOT_FOUND when unknown."""
-        return await self.stub.GetModelInfo(inference_pb2.ModelInfoRequest(model=model), timeout=self.timeout_s)
+    async def model_info(self, model: str = "", timeout_s: float | None = None) -> common_pb2.ModelInfo:
+        """The named model (an alias: the default one), or the default one for an empty name; NOT_FOUND
+        when unknown."""
+        request = inference_pb2.ModelInfoRequest(model=self.router_model(model))
+        return await self.stub.GetModelInfo(request, timeout=timeout_s or self.timeout_s)
 
-    async def list_engines(self) -> router_admin_pb2.ListEnginesResponse:
+    async def list_engines(self, timeout_s: float | None = None) -> router_admin_pb2.ListEnginesResponse:
         """The router's engines with their health, load and counters (RouterAdmin.ListEngines)."""
         assert self.admin is not None, "RouterClient built without the admin stub"
-        return await self.admin.ListEngines(router_admin_pb2.ListEnginesRequest(), timeout=self.timeout_s)
+        request = router_admin_pb2.ListEnginesRequest()
+        return await self.admin.ListEngines(request, timeout=timeout_s or self.timeout_s)
 
     async def model_name(self, requested: str | None) -> str:
-        """The name to report in responses: the one asked for, else the default model's."""
+        """The name to report in responses: the one asked for, else the default model's (its first
+        alias when it has some, as vLLM reports the first --served-model-name)."""
+        if self.aliases and (not requested or requested in self.aliases):
+            return self.aliases[0]
         if requested:
             return requested
         return (await self.model_info("")).name
+
+    async def flush_cache(self) -> router_admin_pb2.FlushAllCachesResponse:
+        """Drop every engine's prefix cache (RouterAdmin.FlushCache)."""
+        assert self.admin is not None, "RouterClient built without the admin stub"
+        return await self.admin.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.timeout_s)
 
 
 def router_of(request: Request) -> RouterClient:

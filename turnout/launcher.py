@@ -191,7 +191,8 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
         engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
         engine += ["--device", args.device, "--dtype", args.dtype]
         if args.served_model_name:
-            engine += ["--served-model-name", args.served_model_name]
+            # The engine serves the first name; the gateway answers to all of them.
+            engine += ["--served-model-name", args.served_model_name[0]]
         if args.max_model_len:
             engine += ["--max-model-len", str(args.max_model_len)]
         name = "engine" if args.engines == 1 else f"engine{i}"
@@ -209,6 +210,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
         router += ["--engine", f"127.0.0.1:{port}"]
     router += ["--host", "127.0.0.1", "--port", str(ports["router"])]
     gateway = [*turnout, "gateway", "--router", addr["router"], "--host", args.host, "--port", str(args.port)]
+    gateway += gateway_flags(args)
     probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     health_url = f"http://{probe_host}:{args.port}/health"
     return Stack(
@@ -221,11 +223,39 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     )
 
 
+def gateway_flags(args: argparse.Namespace) -> list[str]:
+    """The HTTP options of `turnout serve` passed on to `turnout gateway` (the key through the
+    environment, so it does not show in `ps`)."""
+    flags: list[str] = []
+    if args.served_model_name:
+        flags += ["--served-model-name", *args.served_model_name]
+    for name in ("allowed_origins", "allowed_methods", "allowed_headers", "root_path", "max_request_bytes"):
+        value = getattr(args, name)
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    if args.allow_credentials:
+        flags.append("--allow-credentials")
+    return flags
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="turnout serve")
     parser.description = "Run engine, tokenizer, router and gateway on this machine and serve HTTP."
     parser.add_argument("--model", type=Path, default=None, help="Hugging Face model folder (default: SmolLM2-135M)")
-    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="names clients use for the model; responses report the first (default: the folder's name)",
+    )
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (see turnout gateway)")
+    parser.add_argument("--allowed-origins", default=None, help="CORS origins, a JSON list (gateway default: all)")
+    parser.add_argument("--allowed-methods", default=None, help="CORS methods, a JSON list (gateway default: all)")
+    parser.add_argument("--allowed-headers", default=None, help="CORS headers, a JSON list (gateway default: all)")
+    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    parser.add_argument("--root-path", default=None, help="path prefix behind a reverse proxy, e.g. /llm")
+    parser.add_argument("--max-request-bytes", type=int, default=None, help="larger request bodies get 413")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
     for name in ("engine", "tokenizer", "router"):
@@ -267,12 +297,15 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("launcher", args.log_level)
     if args.model is None:
         args.model = prepare_default_model()
-        args.served_model_name = args.served_model_name or SERVED_NAME
+        args.served_model_name = args.served_model_name or [SERVED_NAME]
     model = args.model
     if args.engines < 1:
         raise SystemExit(f"turnout serve: --engines must be at least 1, got {args.engines}")
     if not (model / "config.json").is_file():
         raise SystemExit(f"turnout serve: --model {model}: no config.json there")
+    if args.api_key:
+        # Children inherit it; the gateway reads it (never on a command line or in the start log).
+        os.environ["TURNOUT_API_KEY"] = args.api_key
     stack = build_stack(args, model)
     signal.signal(signal.SIGTERM, stack.request_stop)
     signal.signal(signal.SIGINT, stack.request_stop)
@@ -280,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         if not stack.start(args.startup_timeout):
             return 0 if stack.stopping else 1
         url = f"http://{args.host}:{args.port}"
-        name = args.served_model_name or model.name
+        name = args.served_model_name[0] if args.served_model_name else model.name
         print(f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)", flush=True)
         stack.wait()
         return 0 if stack.stopping else 1

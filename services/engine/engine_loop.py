@@ -10,6 +10,7 @@ its KV blocks at the next step.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -46,11 +47,17 @@ class _Abort:
     indices: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Flush:
+    # Resolved on the step-loop thread with whether the prefix cache was dropped.
+    done: concurrent.futures.Future[bool]
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine, max_waiting_requests: int = 1024) -> None:
         self.engine = engine
         self._max_waiting = max_waiting_requests
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Flush | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._load = engine.load()
@@ -98,6 +105,13 @@ class EngineLoop:
     def load(self) -> LoadReport:
         return self._load
 
+    async def flush_cache(self) -> bool:
+        """Drop the prefix cache on the step-loop thread (the only one touching blocks); False,
+        changing nothing, while any request holds blocks."""
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._commands.put(_Flush(done))
+        return await asyncio.wrap_future(done)
+
     def shutdown(self) -> None:
         with self._lock:
             self._stopping = True
@@ -142,6 +156,8 @@ class EngineLoop:
                         stream = self._streams.get(command.request.request_id)
                     if stream is not None:
                         stream.emit(exc)
+            elif isinstance(command, _Flush):
+                command.done.set_result(self.engine.block_manager.reset_prefix_cache())
             else:
                 self.engine.abort(command.request_id, indices=command.indices)
             self._load = self.engine.load()

@@ -45,3 +45,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def GetLoad(self, request: engine_pb2.GetLoadRequest, context: aio.ServicerContext) -> engine_pb2.Load:
         return load_to_proto(self._engine.load())
+
+    async def FlushCache(
+        self, request: engine_pb2.FlushCacheRequest, context: aio.ServicerContext
+    ) -> engine_pb2.FlushCacheResponse:
+        if await self._engine.flush_cache():
+            log.info("prefix cache flushed")
+            return engine_pb2.FlushCacheResponse(flushed=True)
+        load = self._engine.load()
+        busy = f"{load.running + load.waiting} requests running or waiting hold KV blocks"
+        return engine_pb2.FlushCacheResponse(flushed=False, message=f"not flushed: {busy}")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from grpc import aio
 
 from services.router.circuit_breaker import Circuit
 from services.router.engine_discovery import EngineDiscovery
 from services.router.engine_pool import EngineClient, EnginePool
 from services.router.health_checker import Health
-from turnout.v1 import router_admin_pb2, router_admin_pb2_grpc
+from turnout.v1 import engine_pb2, router_admin_pb2, router_admin_pb2_grpc
+
+# A flush is one quick command on each engine's step loop; past this the engine is reported as not flushed.
+FLUSH_TIMEOUT_S = 10.0
 
 _HEALTH = {
     Health.STARTING: router_admin_pb2.EngineStatus.HEALTH_STARTING,
@@ -68,3 +73,23 @@ class RouterAdminServicer(router_admin_pb2_grpc.RouterAdminServicer):
     ) -> router_admin_pb2.RemoveEngineResponse:
         await self._discovery.remove(request.address)
         return router_admin_pb2.RemoveEngineResponse()
+
+    async def FlushCache(
+        self, request: engine_pb2.FlushCacheRequest, context: aio.ServicerContext
+    ) -> router_admin_pb2.FlushAllCachesResponse:
+        engines = list(self._pool.engines)
+        results = await asyncio.gather(*(self._flush(engine) for engine in engines))
+        return router_admin_pb2.FlushAllCachesResponse(engines=results)
+
+    async def _flush(self, engine: EngineClient) -> router_admin_pb2.EngineFlushResult:
+        result = router_admin_pb2.EngineFlushResult(address=engine.address)
+        try:
+            reply = await engine.stub.FlushCache(engine_pb2.FlushCacheRequest(), timeout=FLUSH_TIMEOUT_S)
+        except aio.AioRpcError as exc:
+            result.message = f"{exc.code().name}: {exc.details()}"
+            return result
+        result.flushed, result.message = reply.flushed, reply.message
+        if reply.flushed:
+            # What the cache-aware policy remembers of this engine's cache is gone with it.
+            self._pool.policy.forget(engine.address)
+        return result

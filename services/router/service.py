@@ -37,10 +37,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise InvalidArgument("a tokenize request needs `text` or `chat`")
         if request.HasField("add_special_tokens"):
             encode.add_special_tokens = request.add_special_tokens
-        reply = await self._tokenizers.pick().Encode(encode)
-        return inference_pb2.TokenizeResponse(
+        tokenizer = self._tokenizers.pick()
+        reply = await tokenizer.Encode(encode)
+        response = inference_pb2.TokenizeResponse(
             input_ids=reply.input_ids, prompt_text=reply.prompt_text, max_model_len=model.max_context_length
         )
+        if request.return_token_strs and reply.input_ids:
+            texts = await tokenizer.TokenTexts(tokenizer_pb2.TokenTextsRequest(token_ids=reply.input_ids))
+            response.token_strs.extend(texts.texts)
+        return response
 
     async def Detokenize(
         self, request: inference_pb2.DetokenizeTextRequest, context: aio.ServicerContext

@@ -15,8 +15,16 @@ from grpc import aio
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from turnout.v1 import (
+    common_pb2,
+    engine_pb2,
+    inference_pb2,
+    inference_pb2_grpc,
+    router_admin_pb2,
+    router_admin_pb2_grpc,
+)
 
+MakeClient = Callable[[GatewayConfig], AsyncIterator[httpx.AsyncClient]]
 Script = Callable[[inference_pb2.GenerateRequest, aio.ServicerContext], AsyncIterator[inference_pb2.GenerateResponse]]
 
 
@@ -122,6 +130,7 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         self.script: Script = default_script
         self.list_error: grpc.StatusCode | None = None
         self.cancelled = asyncio.Event()
+        self.admin = FakeAdmin()
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self.requests.append(request)
@@ -136,8 +145,22 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
 
     async def Tokenize(self, request: Any, context: Any) -> Any:
         self.tokenize_requests.append(request)
+        if request.model and request.model not in {m.name for m in self.models}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
         special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        return inference_pb2.TokenizeResponse(input_ids=fake_encode(request.text, special))
+        if request.WhichOneof("input") == "chat":
+            # The fake chat template: "role: content" lines, then "assistant: " as the generation prompt.
+            lines = [f"{m.role}: {m.content}" for m in request.chat.messages]
+            if request.chat.options.add_generation_prompt:
+                lines.append("assistant: ")
+            text = "\n".join(lines)
+        else:
+            text = request.text
+        ids = fake_encode(text, special)
+        strs = [fake_decode([i], skip_special_tokens=False) for i in ids] if request.return_token_strs else []
+        return inference_pb2.TokenizeResponse(
+            input_ids=ids, prompt_text=text, max_model_len=self.models[0].max_context_length, token_strs=strs
+        )
 
     async def Detokenize(self, request: Any, context: Any) -> Any:
         self.detokenize_requests.append(request)
@@ -157,11 +180,42 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
 
 
+class FakeAdmin(router_admin_pb2_grpc.RouterAdminServicer):
+    """The router's RouterAdmin: one engine, routable unless a test says otherwise."""
+
+    def __init__(self) -> None:
+        self.engines = [
+            router_admin_pb2.EngineStatus(
+                address="10.0.0.5:50051",
+                model="tiny",
+                health=router_admin_pb2.EngineStatus.HEALTH_HEALTHY,
+                routable=True,
+            )
+        ]
+        # Engine address -> why it did not flush; absent: it flushed.
+        self.busy: dict[str, str] = {}
+        self.flushes = 0
+
+    async def ListEngines(self, request: Any, context: Any) -> Any:
+        return router_admin_pb2.ListEnginesResponse(policy="round_robin", engines=self.engines)
+
+    async def FlushCache(self, request: engine_pb2.FlushCacheRequest, context: Any) -> Any:
+        self.flushes += 1
+        results = [
+            router_admin_pb2.EngineFlushResult(
+                address=e.address, flushed=e.address not in self.busy, message=self.busy.get(e.address, "")
+            )
+            for e in self.engines
+        ]
+        return router_admin_pb2.FlushAllCachesResponse(engines=results)
+
+
 @pytest.fixture
 async def fake_router() -> AsyncIterator[FakeRouter]:
     server = aio.server()
     fake = FakeRouter()
     inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
+    router_admin_pb2_grpc.add_RouterAdminServicer_to_server(fake.admin, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     fake.address = f"127.0.0.1:{port}"

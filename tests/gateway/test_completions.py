@@ -55,7 +55,7 @@ async def test_completion_shape_and_defaults(client: httpx.AsyncClient, fake_rou
     [sent] = fake_router.requests
     assert sent.text == "Say hi"
     assert sent.model == "tiny"
-    assert sent.request_id == body["id"]
+    assert body["id"] == f"cmpl-{sent.request_id}"
     # OpenAI's default for completions, and nothing else set.
     assert sent.sampling_params.max_new_tokens == 16
     assert [field.name for field, _ in sent.sampling_params.ListFields()] == ["max_new_tokens"]

@@ -1,0 +1,115 @@
+"""`POST /tokenize` and `POST /detokenize`, as vLLM and SGLang serve them.
+
+`/tokenize` takes a text `prompt` (vLLM; a list of texts is a batch, as in
+SGLang) or chat `messages` (vLLM: encoded as the chat template renders them,
+with a generation prompt and without added special tokens by default) and
+answers `{"count", "max_model_len", "tokens", "token_strs"}`; for a batch,
+`count` and `tokens` are lists with one entry per text. `token_strs` is each
+token decoded alone (vLLM shows raw vocabulary pieces instead, like `Ġhi`).
+`/detokenize` answers the text under both peers' names: `prompt` (vLLM) and
+`text` (SGLang).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from pydantic import Field
+
+from gateway import convert
+from gateway.errors import invalid_request
+from gateway.protocol import U32, ChatMessageIn, _Body
+from gateway.request_id import begin
+from gateway.router_client import router_of
+from turnout.v1 import inference_pb2
+
+router = APIRouter()
+
+
+class TokenizeRequest(_Body):
+    """Exactly one of `prompt` and `messages`."""
+
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1)] | None = None
+    # Default: true for a prompt, false for messages (the chat template adds its own).
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = False
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    # One sequence of ids, or a batch of them (SGLang).
+    tokens: list[U32] | list[list[U32]]
+    skip_special_tokens: bool | None = None
+
+
+def _tokenize_request(body: TokenizeRequest, text: str | None) -> inference_pb2.TokenizeRequest:
+    request = inference_pb2.TokenizeRequest(model=body.model or "", return_token_strs=bool(body.return_token_strs))
+    if text is not None:
+        request.text = text
+        if body.add_special_tokens is not None:
+            request.add_special_tokens = body.add_special_tokens
+        return request
+    assert body.messages is not None
+    request.chat.messages.extend(convert.chat_messages(body.messages))
+    options = request.chat.options
+    if body.continue_final_message:
+        if body.add_generation_prompt:
+            raise invalid_request(
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message"
+            )
+        options.continue_final_message = True
+        options.add_generation_prompt = False
+    else:
+        options.add_generation_prompt = body.add_generation_prompt is not False
+    if body.chat_template is not None:
+        options.chat_template = body.chat_template
+    if body.chat_template_kwargs:
+        options.chat_template_kwargs.update(body.chat_template_kwargs)
+    request.add_special_tokens = bool(body.add_special_tokens)
+    return request
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    begin(request, body)
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid_request("exactly one of 'prompt' and 'messages' must be given", "prompt")
+    client = router_of(request)
+    if isinstance(body.prompt, list):
+        if not body.prompt:
+            raise invalid_request("'prompt' must not be an empty list", "prompt")
+        replies = await asyncio.gather(*(client.tokenize_request(_tokenize_request(body, p)) for p in body.prompt))
+        return {
+            "count": [len(r.input_ids) for r in replies],
+            "max_model_len": replies[0].max_model_len,
+            "tokens": [list(r.input_ids) for r in replies],
+            "token_strs": [list(r.token_strs) for r in replies] if body.return_token_strs else None,
+        }
+    reply = await client.tokenize_request(_tokenize_request(body, body.prompt))
+    return {
+        "count": len(reply.input_ids),
+        "max_model_len": reply.max_model_len,
+        "tokens": list(reply.input_ids),
+        "token_strs": list(reply.token_strs) if body.return_token_strs else None,
+    }
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    begin(request, body)
+    client = router_of(request)
+    model = client.router_model(body.model)
+    if body.tokens and isinstance(body.tokens[0], list):
+        batch: list[list[int]] = body.tokens  # type: ignore[assignment]
+        texts = await asyncio.gather(*(client.detokenize(model, ids, body.skip_special_tokens) for ids in batch))
+        return {"prompt": list(texts), "text": list(texts)}
+    text = await client.detokenize(model, body.tokens, body.skip_special_tokens)  # type: ignore[arg-type]
+    return {"prompt": text, "text": text}

@@ -1,0 +1,105 @@
+"""`turnout.client` against a fake router (a real grpc.aio server on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from tests.gateway.conftest import FakeRouter, chunk, fake_encode
+from turnout.client import AsyncClient, Client, Completion, Delta, TurnoutError
+from turnout.v1 import inference_pb2_grpc
+
+
+@pytest.fixture
+async def router() -> AsyncIterator[FakeRouter]:
+    server = aio.server()
+    fake = FakeRouter()
+    inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
+    fake.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    yield fake
+    await server.stop(0)
+
+
+async def endless(request: Any, context: Any) -> AsyncIterator[Any]:
+    i = 0
+    while True:
+        i += 1
+        yield chunk(0, "x", (i,), completion=i)
+        await asyncio.sleep(0.01)
+
+
+async def test_async_generate_stream_and_metadata(router: FakeRouter) -> None:
+    async with AsyncClient(router.address) as client:
+        [done] = await client.generate("Hi", max_new_tokens=4, temperature=0.0, request_id="r1")
+        assert done == Completion(0, "stop", 2, 5, 3, 1, "Hello world", (11, 12, 13))
+        sent = router.requests[-1]
+        assert (sent.text, sent.request_id, sent.sampling_params.max_new_tokens) == ("Hi", "r1", 4)
+        assert sent.sampling_params.HasField("temperature")
+
+        events = [e async for e in client.generate_stream([5, 6], n=2)]
+        assert list(router.requests[-1].input_ids.ids) == [5, 6]
+        deltas = [e for e in events if isinstance(e, Delta)]
+        assert "".join(d.text for d in deltas if d.index == 1) == "Hello world"
+        assert [e.index for e in events if isinstance(e, Completion)] == [0, 1]
+
+        await client.generate(messages=[{"role": "user", "content": "hey"}], chat_options={"chat_template": "t"})
+        assert router.requests[-1].chat.options.chat_template == "t"
+
+        tokens = await client.tokenize("ab", return_token_strs=True)
+        assert tokens.ids == tuple(fake_encode("ab")) and tokens.token_strs == ("<s>", "a", "b")
+        assert await client.detokenize(tokens.ids) == "ab"
+        [model] = await client.list_models()
+        assert (model.name, model.max_model_len) == ("tiny", 2048)
+        assert await client.model_info() == model
+
+
+async def test_async_errors_are_typed(router: FakeRouter) -> None:
+    async with AsyncClient(router.address) as client:
+        with pytest.raises(TurnoutError) as caught:
+            await client.generate("Hi", model="nope")
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND and "nope" in caught.value.details
+        with pytest.raises(TurnoutError) as info:
+            await client.model_info("nope")
+        assert info.value.code == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(ValueError, match="temprature"):
+            await client.generate("Hi", temprature=0.5)
+        with pytest.raises(ValueError, match="exactly one"):
+            await client.generate()
+
+
+async def test_async_cancel_stops_the_router(router: FakeRouter) -> None:
+    router.script = endless
+    async with AsyncClient(router.address) as client:
+        stream = client.generate_stream("Hi")
+        async for event in stream:
+            assert isinstance(event, Delta)
+            break  # leaving the loop closes the stream, which cancels the call
+        await asyncio.wait_for(router.cancelled.wait(), 5)
+
+
+async def test_sync_client(router: FakeRouter) -> None:
+    def work() -> tuple[list[Completion], list[Any]]:
+        with Client(router.address, timeout_s=10) as client:
+            done = client.generate("Hi", max_new_tokens=2)
+            with pytest.raises(TurnoutError) as caught:
+                client.tokenize("x", model="nope")
+            assert caught.value.code == grpc.StatusCode.NOT_FOUND
+            router.script = endless
+            seen = []
+            with client.generate_stream("Hi") as stream:
+                for event in stream:
+                    seen.append(event)
+                    if len(seen) == 3:
+                        break
+            return done, seen
+
+    done, seen = await asyncio.to_thread(work)
+    assert done[0].text == "Hello world" and done[0].finish_reason == "stop"
+    assert [e.token_ids for e in seen] == [(1,), (2,), (3,)]
+    await asyncio.wait_for(router.cancelled.wait(), 5)

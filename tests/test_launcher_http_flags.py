@@ -1,0 +1,24 @@
+"""`turnout serve` passes the HTTP options on to the gateway (no processes are started here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.main import config_from_args
+from gateway.main import parse_args as gateway_args
+from turnout import launcher
+
+
+def test_http_flags_reach_the_gateway_and_the_engine_serves_the_first_name() -> None:
+    argv = ["--model", "/m", "--served-model-name", "a", "org/b", "--root-path", "/llm", "--max-request-bytes", "99"]
+    argv += ["--allowed-origins", '["https://x.example"]', "--allow-credentials", "--api-key", "secret"]
+    stack = launcher.build_stack(launcher.build_parser().parse_args(argv), Path("/m"))
+    engine, gateway = stack.children[0], stack.children[-1]
+    assert engine.argv[engine.argv.index("--served-model-name") + 1 :] == ["a"]
+    # The gateway's own parser reads what the launcher wrote.
+    config = config_from_args(gateway_args(gateway.argv[gateway.argv.index("gateway") + 1 :]))
+    assert config.served_model_names == ("a", "org/b")
+    assert config.root_path == "/llm" and config.max_request_bytes == 99
+    assert config.allowed_origins == ("https://x.example",) and config.allow_credentials
+    # The key travels in the environment (set by `run`), never on a command line.
+    assert "secret" not in " ".join(c for child in stack.children for c in child.argv)

@@ -1,0 +1,133 @@
+"""`AsyncClient`: the same calls as `Client`, over asyncio."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from turnout.client import results
+from turnout.client.requests import Message, Prompt, generate_request, tokenize_request
+from turnout.client.results import Completion, Delta, ModelInfo, Tokenized, TurnoutError
+from turnout.grpc_server import insecure_channel
+from turnout.v1 import inference_pb2, inference_pb2_grpc
+
+
+class AsyncGenerateStream:
+    """The events of one Generate call (`async for`). `cancel()`, leaving an `async with` block,
+    closing early or cancelling the task that reads it cancels the call end to end."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def __aiter__(self) -> AsyncIterator[Delta | Completion]:
+        try:
+            async for response in self._call:
+                yield results.event(response)
+        except grpc.RpcError as exc:
+            raise TurnoutError.of(exc) from None
+        finally:
+            self._call.cancel()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncGenerateStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class AsyncClient:
+    """The router's `turnout.v1.Inference` service over one asyncio channel."""
+
+    def __init__(self, address: str, *, timeout_s: float | None = None) -> None:
+        self._channel = insecure_channel(address)
+        self._stub = inference_pb2_grpc.InferenceStub(self._channel)
+        self._timeout_s = timeout_s
+
+    def generate_stream(
+        self,
+        prompt: Prompt = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        model: str = "",
+        request_id: str | None = None,
+        chat_options: Mapping[str, Any] | None = None,
+        logprobs: Mapping[str, Any] | None = None,
+        **sampling: Any,
+    ) -> AsyncGenerateStream:
+        """As `Client.generate_stream`; the call starts at once."""
+        request = generate_request(
+            prompt,
+            messages=messages,
+            model=model,
+            request_id=request_id or uuid.uuid4().hex,
+            chat_options=chat_options,
+            logprobs=logprobs,
+            sampling=sampling,
+        )
+        return AsyncGenerateStream(self._stub.Generate(request, timeout=self._timeout_s))
+
+    async def generate(self, prompt: Prompt = None, **kwargs: Any) -> list[Completion]:
+        stream = self.generate_stream(prompt, **kwargs)
+        collector = results.Collector()
+        try:
+            async for response in stream._call:
+                collector.add(response)
+        except grpc.RpcError as exc:
+            raise TurnoutError.of(exc) from None
+        finally:
+            stream.cancel()
+        return collector.results()
+
+    async def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        model: str = "",
+        add_special_tokens: bool | None = None,
+        chat_options: Mapping[str, Any] | None = None,
+        return_token_strs: bool = False,
+    ) -> Tokenized:
+        request = tokenize_request(text, messages, model, add_special_tokens, chat_options, return_token_strs)
+        return results.tokenized(await self._call(self._stub.Tokenize, request))
+
+    async def detokenize(
+        self, token_ids: Sequence[int], *, model: str = "", skip_special_tokens: bool | None = None
+    ) -> str:
+        request = inference_pb2.DetokenizeTextRequest(model=model, token_ids=token_ids)
+        if skip_special_tokens is not None:
+            request.skip_special_tokens = skip_special_tokens
+        return str((await self._call(self._stub.Detokenize, request)).text)
+
+    async def list_models(self) -> list[ModelInfo]:
+        reply = await self._call(self._stub.ListModels, inference_pb2.ListModelsRequest())
+        return [results.model_info(m) for m in reply.models]
+
+    async def model_info(self, model: str = "") -> ModelInfo:
+        reply = await self._call(self._stub.GetModelInfo, inference_pb2.ModelInfoRequest(model=model))
+        return results.model_info(reply)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self._timeout_s)
+        except aio.AioRpcError as exc:
+            raise TurnoutError.of(exc) from None
