@@ -34,52 +34,48 @@ class ProcessorHook:
         depth = max(len(r.settings.logit_processors) for r in rows)
         views: dict[int, RequestView] = {}
         for stage in range(depth):
-            groups: dict[int, list[int]] = {}
-            calls: dict[int, ProcessorCall] = {}
+            # Rows sharing a processor object at this stage, each with its own parameters.
+            groups: dict[int, list[tuple[int, ProcessorCall]]] = {}
             for i, row in enumerate(rows):
                 chain = row.settings.logit_processors
                 if stage < len(chain) and i not in self.failed:
-                    call = chain[stage]
-                    groups.setdefault(id(call.processor), []).append(i)
-                    calls[id(call.processor)] = call
-            for key, members in groups.items():
-                self._run(logits, rows, members, calls[key], views)
+                    groups.setdefault(id(chain[stage].processor), []).append((i, chain[stage]))
+            for members in groups.values():
+                self._run(logits, rows, members, views)
 
     def _run(
         self,
         logits: torch.Tensor,
         rows: Sequence[SamplerRow],
-        members: list[int],
-        call: ProcessorCall,
+        members: list[tuple[int, ProcessorCall]],
         views: dict[int, RequestView],
     ) -> None:
         try:
-            self._apply(logits, rows, members, call, views)
+            self._apply(logits, rows, members, views)
             return
         except Exception as exc:
             if len(members) == 1:
-                self.failed[members[0]] = f"custom logit processor failed: {type(exc).__name__}: {exc}"
+                self.failed[members[0][0]] = f"custom logit processor failed: {type(exc).__name__}: {exc}"
                 return
-        for i in members:  # isolate the failing rows
-            self._run(logits, rows, [i], call, views)
+        for member in members:  # isolate the failing rows
+            self._run(logits, rows, [member], views)
 
     @staticmethod
     def _apply(
         logits: torch.Tensor,
         rows: Sequence[SamplerRow],
-        members: list[int],
-        call: ProcessorCall,
+        members: list[tuple[int, ProcessorCall]],
         views: dict[int, RequestView],
     ) -> None:
         params: list[dict[str, Any]] = []
-        for i in members:
+        for i, call in members:
             if i not in views:
                 row = rows[i]
                 views[i] = RequestView(list(row.token_ids[: row.num_prompt_tokens]), list(row.output_ids))
             params.append({**call.params, "__req__": views[i]})
-        index = torch.tensor(members, device=logits.device)  # (R,)
+        index = torch.tensor([i for i, _ in members], device=logits.device)  # (R,)
         sub = logits.index_select(0, index)  # (R, V), a copy: the processor cannot damage other rows
-        out = call.processor(sub, params)
+        out = members[0][1].processor(sub, params)
         if not isinstance(out, torch.Tensor) or out.shape != sub.shape:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(f"it returned {shape}, expected logits of shape {tuple(sub.shape)}")
