@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -242,3 +243,22 @@ def test_default_model_json_schema(default_model_dir: Path) -> None:
             jsonschema.validate(json.loads(sample.text), schema)
     choice = llm.generate(prompt, {"choice": {"values": ["Alice", "Bob"]}, "temperature": 0, "max_new_tokens": 8})[0]
     assert choice.text in ("Alice", "Bob")
+
+
+def test_unconstrained_batches_pass_no_hooks(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy-only unconstrained batches must keep the sampler's single-argmax fast path."""
+    import services.engine.step_sampler as step_sampler
+
+    seen: list[int] = []
+    real = step_sampler.sample
+
+    def spy(logits: Any, rows: Any, extra_masks: Any = ()) -> Any:
+        seen.append(len(extra_masks))
+        return real(logits, rows, extra_masks)
+
+    monkeypatch.setattr(step_sampler, "sample", spy)
+    llm.generate(["a", "b"], {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True})
+    assert seen and set(seen) == {0}
+    seen.clear()
+    llm.generate(["a", "b"], [{"temperature": 0, "max_new_tokens": 3}, {"regex": "[0-9]{3}", "max_new_tokens": 3}])
+    assert 1 in seen

@@ -97,3 +97,31 @@ async def test_streamed_constrained_samples(core: LLMEngine, engine: EngineLoop)
     assert sorted(by_index) == [0, 1, 2]
     for tokens in by_index.values():
         jsonschema.validate(json.loads(core.vocab.tokenizer.decode(tokens, skip_special_tokens=True)), SCHEMA)
+
+
+async def test_grpc_request_with_a_constraint_and_a_processor(
+    core: LLMEngine, engine: EngineLoop, loaded: LoadedModel
+) -> None:
+    """The servicer's path: proto -> request_from_proto (with the engine's processors) -> EngineLoop."""
+    from google.protobuf.struct_pb2 import Struct
+
+    from services.engine.convert import output_to_proto, request_from_proto
+    from turnout.v1 import engine_pb2
+
+    params = Struct()
+    params.update({"token_ids": [core.vocab.tokenizer.encode("1", add_special_tokens=False)[0]]})
+    message = engine_pb2.EngineGenerateRequest(
+        request_id="grpc",
+        input_ids=PROMPT,
+        sampling_params=common_pb2.SamplingParams(
+            regex="[0-9]{3}", max_new_tokens=10, custom_logit_processor="disallowed_tokens", custom_params=params
+        ),
+    )
+    request = request_from_proto(message, loaded, core.config, core.processors)
+    tokens, last = await collect(engine.generate(request))
+    text = core.vocab.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert len(text) == 3 and text.isdigit() and "1" not in text
+    assert last.finish is not None
+    complete = output_to_proto(last).complete
+    assert complete.finish_reason.WhichOneof("kind") == "stop"
+    assert complete.finish_reason.stop.WhichOneof("matched") is None  # the grammar ended it
