@@ -114,7 +114,6 @@ class EngineLoop:
             streams = list(self._streams.values())
         self._commands.put(None)
         self._thread.join(timeout=30)
-        self.engine.grammars.shutdown()
         for stream in streams:
             stream.emit(Unavailable("engine is shutting down"))
 

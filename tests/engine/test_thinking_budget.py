@@ -151,3 +151,24 @@ def test_refused_when_the_model_has_no_think_tokens(tiny_model_dir: Path) -> Non
 def test_bad_budgets_are_refused(llm: LLM, extra: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         llm.generate("hi", {"max_new_tokens": 4, **extra})
+
+
+async def test_streamed_through_the_engine_loop(llm: LLM, think: ThinkTokens) -> None:
+    """The forced tokens are ordinary output tokens: they stream in chunks like any other."""
+    from services.engine.engine_loop import EngineLoop
+    from services.engine.request import EngineRequest
+    from services.engine.sampling_validation import resolve
+    from turnout.v1 import common_pb2
+
+    prompt = chat_prompt(llm, "Stream please")
+    sp = common_pb2.SamplingParams(temperature=0, ignore_eos=True, max_new_tokens=10, thinking_budget=3)
+    sp.logit_bias[think.end] = -100.0
+    settings = resolve(sp, common_pb2.SamplingParams(), llm.engine.limits(len(prompt)))
+    request = EngineRequest("stream", tuple(prompt), settings)
+    loop = EngineLoop(llm.engine)
+    try:
+        chunks = [out.token_ids async for out in loop.generate(request)]
+    finally:
+        loop.shutdown()
+    assert len(chunks) >= 5  # one step, one chunk
+    check_close([t for chunk in chunks for t in chunk], prompt[-1], 3, think)
