@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -50,6 +50,10 @@ bench-engine: model
 # Router overhead (direct to an engine vs gateway + router) and scale-out over 1-3 engines (docs/benchmarks.md).
 bench-router: model
 	$(PY) -m benchmarks.bench_router $(ARGS)
+
+# Per-step cost of grammar masking: 32 JSON-schema-constrained vs 32 unconstrained decodes (docs/benchmarks.md).
+bench-grammar: model
+	$(PY) -m benchmarks.bench_grammar $(ARGS)
 
 bench: bench-engine bench-router
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.models import build_tiny_llama
+from tests.models import build_tiny_llama, build_tiny_thinking_llama
 from turnout.default_model import prepare_default_model
 
 
@@ -20,3 +20,9 @@ def default_model_dir() -> Path:
 def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random Llama with the default model's tokenizer and chat template."""
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_thinking_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama with <think> / </think> special tokens and a template that pre-fills <think>."""
+    return build_tiny_thinking_llama(tmp_path_factory.mktemp("tiny-thinking-llama"), default_model_dir)

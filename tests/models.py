@@ -42,3 +42,41 @@ def build_tiny_llama(out: Path, tokenizer_source: Path, *, seed: int = 0, max_po
     model.save_pretrained(out)
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}))
     return out
+
+
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def build_tiny_thinking_llama(out: Path, tokenizer_source: Path, *, seed: int = 0) -> Path:
+    """The tiny random Llama with `<think>` / `</think>` added as special tokens, its vocabulary grown
+    past the tokenizer's (to a multiple of 64, as real checkpoints pad it), and a chat template that
+    pre-fills `<think>\\n` after the assistant header (as Qwen3 / DeepSeek-R1 templates do)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    tokenizer.add_special_tokens({"additional_special_tokens": [THINK_START, THINK_END]})
+    template = (tokenizer_source / "chat_template.jinja").read_text()
+    header = "{{ '<|im_start|>assistant\n' }}"
+    assert header in template, "the default model's chat template changed"
+    tokenizer.chat_template = template.replace(header, "{{ '<|im_start|>assistant\n<think>\n' }}")
+    tokenizer.save_pretrained(out)
+    vocab = (len(tokenizer) + 63) // 64 * 64
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(out)
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}))
+    return out

@@ -42,6 +42,14 @@ class EngineConfig:
     # `processed`: log-probabilities of the distribution sampled from (after bias, penalties and
     # temperature); `raw`: of the model's logits.
     logprobs_mode: str = "processed"
+    # Structured outputs: longest whitespace run a JSON constraint allows between tokens, so a small
+    # model cannot loop on newlines forever (a request's disable_any_whitespace allows none).
+    grammar_max_whitespace: int = 4
+    # The thinking budget's tags, looked up in the model's vocabulary.
+    think_start_token: str = "<think>"
+    think_end_token: str = "</think>"
+    # Accept custom logits processors serialized by clients: runs client code, trusted clients only.
+    enable_custom_logit_processor: bool = False
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -64,12 +72,15 @@ class EngineConfig:
             "--num-kv-blocks": self.num_kv_blocks,
             "--max-num-batched-tokens": self.max_num_batched_tokens,
             "--max-running-requests": self.max_running_requests,
+            "--grammar-max-whitespace": self.grammar_max_whitespace,
         }
         for flag, value in positive.items():
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be positive, got {value}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_gib}")
+        if not self.think_start_token or not self.think_end_token:
+            raise ValueError("--think-start-token and --think-end-token must not be empty")
         if self.max_waiting_requests < 0:
             raise ValueError("--max-waiting-requests must be >= 0")
 

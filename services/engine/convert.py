@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.engine.config import EngineConfig
 from services.engine.logprobs import PositionLogprobs, TokenLogprob
 from services.engine.model_loader import LoadedModel
+from services.engine.processors.catalog import ProcessorCatalog
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
 from services.engine.sampling_validation import Limits, resolve
 from turnout.errors import InvalidArgument
@@ -12,7 +13,10 @@ from turnout.v1 import common_pb2, engine_pb2
 
 
 def request_from_proto(
-    message: engine_pb2.EngineGenerateRequest, loaded: LoadedModel, config: EngineConfig
+    message: engine_pb2.EngineGenerateRequest,
+    loaded: LoadedModel,
+    config: EngineConfig,
+    processors: ProcessorCatalog | None = None,
 ) -> EngineRequest:
     if not message.request_id:
         raise InvalidArgument("request_id must not be empty")
@@ -28,6 +32,8 @@ def request_from_proto(
         max_model_len=loaded.max_model_len,
         vocab_size=vocab,
         max_logprobs=config.max_logprobs,
+        grammar_max_whitespace=config.grammar_max_whitespace,
+        processors=processors,
     )
     sampling = resolve(message.sampling_params, defaults, limits, message.logprob_options)
     return EngineRequest(request_id=message.request_id, input_ids=tuple(message.input_ids), sampling=sampling)
@@ -36,6 +42,8 @@ def request_from_proto(
 def finish_to_proto(finish: Finish, completion_tokens: int) -> common_pb2.FinishReason:
     if finish.kind == "stop":
         token = finish.matched_token_id
+        if token is None:  # the grammar terminated: nothing matched
+            return common_pb2.FinishReason(stop=common_pb2.FinishReason.Stop())
         stop = (
             common_pb2.FinishReason.Stop(eos_token_id=token)
             if finish.eos

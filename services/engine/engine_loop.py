@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -66,8 +67,17 @@ class EngineLoop:
         self._thread.start()
 
     async def generate(self, request: EngineRequest, priority: int = 0) -> AsyncIterator[EngineOutput]:
-        """Stream the request's outputs; leaving the iteration early aborts it."""
+        """Stream the request's outputs; leaving the iteration early aborts it.
+
+        A constrained request first waits for its grammar, compiled off the step loop (the batch
+        keeps running meanwhile); a constraint that does not compile raises InvalidArgument here,
+        before anything is scheduled."""
         self.engine.check_fits(request)
+        constraint = request.sampling.constraint
+        if constraint is not None and request.grammar is None:
+            # shield: leaving early must not cancel a compilation other requests may share.
+            compiled = await asyncio.shield(asyncio.wrap_future(self.engine.grammars.submit(constraint)))
+            request = dataclasses.replace(request, grammar=compiled)
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             if self._stopping:

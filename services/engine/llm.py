@@ -6,7 +6,8 @@
     print(outputs[0].text)
 
 Sampling parameters are a dict with the SGLang/Turnout names (the fields of
-`turnout.v1.SamplingParams`), one for all prompts or one per prompt.
+`turnout.v1.SamplingParams`), one for all prompts or one per prompt; constraints
+too: `{"json_schema": "...", "max_new_tokens": 64}`, `{"choice": {"values": ["yes", "no"]}}`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from google.protobuf.json_format import ParseDict, ParseError
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
 from services.engine.request import EngineRequest, Finish
-from services.engine.sampling_validation import Limits, resolve
+from services.engine.sampling_validation import resolve
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2
 
@@ -98,9 +99,10 @@ class LLM:
             raise InvalidArgument(f"sampling_params: {exc}") from None
         info = self.engine.loaded.info
         defaults = info.generation_defaults if self.engine.config.sampling_defaults == "model" else None
-        limits = Limits(len(ids), info.max_context_length, info.vocab_size, self.engine.config.max_logprobs)
-        settings = resolve(proto, defaults or common_pb2.SamplingParams(), limits)
-        return EngineRequest(f"offline-{next(self._ids)}", tuple(ids), settings)
+        settings = resolve(proto, defaults or common_pb2.SamplingParams(), self.engine.limits(len(ids)))
+        # Compiled now, so a constraint that does not compile is refused before any request is added.
+        grammar = self.engine.grammars.compile(settings.constraint) if settings.constraint is not None else None
+        return EngineRequest(f"offline-{next(self._ids)}", tuple(ids), settings, grammar)
 
     def _run(self, prompt_ids: dict[str, list[int]], num_returned: dict[str, int]) -> list[RequestOutput]:
         """Step the engine until every request finished; outputs in the order of prompt_ids. Of best_of

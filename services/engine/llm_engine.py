@@ -15,15 +15,20 @@ from typing import cast
 
 from services.engine.block_manager import BlockManager
 from services.engine.config import EngineConfig
+from services.engine.grammar.compiler import GrammarCompiler
+from services.engine.grammar.state import GrammarState
 from services.engine.kv_cache_sizing import num_kv_blocks
 from services.engine.logprobs import LogprobQuery, prompt_logprobs
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, ModelRunner, StepLogits
+from services.engine.processors.catalog import ProcessorCatalog
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
+from services.engine.sampling_validation import Limits
 from services.engine.scheduler import Policy, Scheduler
 from services.engine.sequence import Sequence
 from services.engine.sequence_group import SequenceGroup
 from services.engine.step_sampler import SampledToken, sample_step
+from services.engine.vocab import ModelVocab
 from turnout.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,15 @@ class LLMEngine:
         backend = self.loaded.make_backend(blocks, config.block_size)
         self.runner = ModelRunner(self.loaded.model, backend, config.block_size, self.loaded.device)
         self._groups: dict[str, SequenceGroup] = {}
+        # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
+        self.vocab = ModelVocab(config.model, self.loaded.vocab_size, self.loaded.eos_token_ids)
+        self.grammars = GrammarCompiler(self.vocab)
+        self.processors = ProcessorCatalog(
+            self.vocab,
+            allow_serialized=config.enable_custom_logit_processor,
+            think_start_token=config.think_start_token,
+            think_end_token=config.think_end_token,
+        )
         log.info(
             "kv cache ready",
             extra={"blocks": blocks, "block_size": config.block_size, "tokens": blocks * config.block_size},
@@ -67,11 +81,28 @@ class LLMEngine:
                 f"max_new_tokens {request.sampling.max_new_tokens}) but the KV cache holds {capacity} tokens"
             )
 
+    def limits(self, prompt_len: int) -> Limits:
+        """What validation allows a request with this prompt length on this engine."""
+        return Limits(
+            prompt_len=prompt_len,
+            max_model_len=self.loaded.max_model_len,
+            vocab_size=self.loaded.vocab_size,
+            max_logprobs=self.config.max_logprobs,
+            grammar_max_whitespace=self.config.grammar_max_whitespace,
+            processors=self.processors,
+        )
+
     def add_request(self, request: EngineRequest, priority: int = 0) -> None:
+        """Queue a request. A constrained one whose grammar is not compiled yet is compiled here, blocking
+        (the gRPC path compiles off the step loop first, see EngineLoop.generate)."""
         if request.request_id in self._groups:
             raise InvalidArgument(f"request id {request.request_id!r} is already in use")
         self.check_fits(request)
         group = SequenceGroup(request, priority=priority)
+        constraint = request.sampling.constraint
+        if constraint is not None:
+            compiled = request.grammar if request.grammar is not None else self.grammars.compile(constraint)
+            group.seqs[0].grammar = GrammarState(compiled, self.loaded.eos_token_ids)
         self._groups[request.request_id] = group
         self.scheduler.add(group.seqs[0])
 
@@ -162,6 +193,10 @@ class LLMEngine:
     def _postprocess(self, seqs: list[Sequence], sampled: list[SampledToken]) -> list[StepOutput]:
         outputs = []
         for seq, token in zip(seqs, sampled, strict=True):
+            refused = token.error or self._grammar_refuses(seq, token.token_id)
+            if refused:
+                outputs.append(self._finish(seq, Finish("abort", message=refused)))
+                continue
             seq.token_ids.append(token.token_id)
             if token.logprob is not None:
                 seq.cumulative_logprob += token.logprob
@@ -171,8 +206,20 @@ class LLMEngine:
             outputs.append(self._finish(seq, finish) if finish is not None else self._emit(seq, None))
         return outputs
 
+    @staticmethod
+    def _grammar_refuses(seq: Sequence, token: int) -> str | None:
+        """Advance the sequence's grammar over its new token; why not, when it cannot."""
+        if seq.grammar is None or seq.grammar.accept(token):
+            return None
+        constraint = seq.request.sampling.constraint
+        kind = constraint.kind if constraint is not None else "grammar"
+        return f"token {token} does not match the {kind} constraint here (a logits processor forced it past the mask)"
+
     def _stop_condition(self, seq: Sequence, token: int) -> Finish | None:
         settings = seq.request.sampling
+        if seq.grammar is not None and seq.grammar.terminated:
+            # The grammar ended (it accepted an EOS it allows at its end): "stop" with nothing matched.
+            return Finish("stop")
         if seq.num_output_tokens >= settings.min_new_tokens:
             if token in settings.stop_token_ids:
                 return Finish("stop", matched_token_id=token)

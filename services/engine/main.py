@@ -42,6 +42,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default="processed",
         help="processed: log-probs of the distribution sampled from (after penalties, temperature); raw: of logits",
     )
+    outputs = parser.add_argument_group("structured outputs and logits processors")
+    outputs.add_argument(
+        "--grammar-max-whitespace",
+        type=int,
+        default=4,
+        help="longest whitespace run JSON constraints allow between tokens (requests may ask for none)",
+    )
+    outputs.add_argument("--think-start-token", default="<think>", help="the model's thinking start tag")
+    outputs.add_argument("--think-end-token", default="</think>", help="the model's thinking end tag")
+    outputs.add_argument(
+        "--enable-custom-logit-processor",
+        action="store_true",
+        help="accept logits processors serialized by clients (runs their code: trusted clients only)",
+    )
     parser.add_argument("--log-level", default=None)
     return parser
 
@@ -73,6 +87,10 @@ def run(args: argparse.Namespace) -> None:
             sampling_defaults=args.sampling_defaults,
             max_logprobs=args.max_logprobs,
             logprobs_mode=args.logprobs_mode,
+            grammar_max_whitespace=args.grammar_max_whitespace,
+            think_start_token=args.think_start_token,
+            think_end_token=args.think_end_token,
+            enable_custom_logit_processor=args.enable_custom_logit_processor,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from services.engine.logprobs import PositionLogprobs
 from services.engine.sampling_params import SamplingSettings
@@ -14,6 +14,9 @@ class EngineRequest:
     request_id: str
     input_ids: tuple[int, ...]
     sampling: SamplingSettings
+    # The compiled grammar (xgrammar.CompiledGrammar) of a request with a constraint, once compiled
+    # off the step loop; LLMEngine.add_request compiles it itself when missing.
+    grammar: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.engine.grammar.constraint import Constraint
+from services.engine.processors.catalog import ProcessorCall
+
 
 @dataclass(frozen=True)
 class LogprobSettings:
@@ -77,6 +80,12 @@ class SamplingSettings:
     n: int = 1
     best_of: int = 1
     logprobs: LogprobSettings = field(default_factory=LogprobSettings)
+    # Structured output: the grammar the output must match (compiled by grammar/compiler.py).
+    constraint: Constraint | None = None
+    # Logits processors run each step after the grammar mask, in order: a custom one (built-in
+    # name or serialized), then the thinking budget's.
+    logit_processors: tuple[ProcessorCall, ...] = ()
+    thinking_budget: int | None = None
 
     @property
     def greedy(self) -> bool:

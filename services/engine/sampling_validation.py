@@ -18,15 +18,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.json_format import MessageToDict
+
+from services.engine.grammar.constraint import Constraint
+from services.engine.processors.catalog import ProcessorCall, ProcessorCatalog
+from services.engine.processors.thinking_budget import ThinkingBudget
 from services.engine.sampling_params import LogprobSettings, SamplingSettings
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2
-
-# Parameters of later issues: refused, never silently ignored.
-_NOT_YET = {
-    "constraint": "structured outputs (json_schema / regex / ebnf / structural_tag) are not supported yet",
-    "custom_params": "custom_params are not supported yet",
-}
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,10 @@ class Limits:
     max_model_len: int
     vocab_size: int
     max_logprobs: int = 20
+    # Longest whitespace run a JSON constraint allows between tokens (--grammar-max-whitespace).
+    grammar_max_whitespace: int | None = 4
+    # Built-in and custom logits processors; None: the engine offers none.
+    processors: ProcessorCatalog | None = None
 
 
 class _Fields:
@@ -82,11 +85,14 @@ def resolve(
     logprob_options: common_pb2.LogprobOptions | None = None,
 ) -> SamplingSettings:
     """Apply defaults and check every value; raise InvalidArgument naming the problem."""
-    if params.WhichOneof("constraint") is not None:
-        raise InvalidArgument(_NOT_YET["constraint"])
-    if params.HasField("custom_params") and params.custom_params.fields:
-        raise InvalidArgument(_NOT_YET["custom_params"])
     f = _Fields(params, defaults)
+    constraint = _constraint(params, limits)
+    processors, thinking_budget = _processors(params, limits)
+    if constraint is not None and thinking_budget is not None:
+        raise InvalidArgument(
+            f"thinking_budget cannot be combined with a structured-output constraint ({constraint.kind}) yet: "
+            "the constraint would apply to the thinking block too"
+        )
     max_new, min_new = _lengths(f, limits)
 
     temperature = f.get("temperature", 1.0)
@@ -148,8 +154,59 @@ def resolve(
         n=n,
         best_of=best_of,
         logprobs=_logprobs(logprob_options or common_pb2.LogprobOptions(), limits),
+        constraint=constraint,
+        logit_processors=processors,
+        thinking_budget=thinking_budget,
     )
     return settings
+
+
+def _constraint(params: common_pb2.SamplingParams, limits: Limits) -> Constraint | None:
+    """The structured-output constraint; its compile errors come from grammar/compiler.py."""
+    kind = params.WhichOneof("constraint")
+    if kind is None or (kind == "json_object" and not params.json_object):
+        return None
+    compact = params.disable_any_whitespace if params.HasField("disable_any_whitespace") else False
+    if kind == "json_object":
+        return Constraint("json_object", compact=compact, max_whitespace=limits.grammar_max_whitespace)
+    if kind == "choice":
+        values = tuple(dict.fromkeys(params.choice.values))  # distinct, in order
+        if not values:
+            raise InvalidArgument("choice: the list of choices must not be empty")
+        if any(not v for v in values):
+            raise InvalidArgument("choice: every choice must be a non-empty string")
+        return Constraint("choice", choices=values)
+    text = getattr(params, kind)
+    if not text.strip():
+        raise InvalidArgument(f"{kind} must not be empty")
+    if kind == "json_schema":
+        return Constraint("json_schema", text, compact=compact, max_whitespace=limits.grammar_max_whitespace)
+    return Constraint(kind, text)
+
+
+def _processors(params: common_pb2.SamplingParams, limits: Limits) -> tuple[tuple[ProcessorCall, ...], int | None]:
+    """The request's logits processors in the order they run, and its thinking budget.
+
+    `thinking_budget` may also come SGLang-style as custom_logit_processor="thinking_budget" with
+    custom_params {"thinking_budget": N}; the field wins when both are set."""
+    custom = params.custom_logit_processor if params.HasField("custom_logit_processor") else None
+    custom_params: dict[str, Any] = MessageToDict(params.custom_params) if params.HasField("custom_params") else {}
+    budget = int(params.thinking_budget) if params.HasField("thinking_budget") else None
+    if custom_params and custom is None:
+        raise InvalidArgument("custom_params is set but custom_logit_processor is not")
+    if custom is None and budget is None:
+        return (), None
+    catalog = limits.processors
+    if catalog is None:
+        raise InvalidArgument("this engine offers no logits processors (custom_logit_processor / thinking_budget)")
+    calls: list[ProcessorCall] = []
+    if custom == ThinkingBudget.name and budget is None:
+        budget = int(catalog.custom(custom, custom_params).params["thinking_budget"])
+    elif custom is not None and custom != ThinkingBudget.name:
+        calls.append(catalog.custom(custom, custom_params))
+    if budget is not None:
+        calls.append(catalog.thinking_budget(budget))
+    return tuple(calls), budget
 
 
 def _lengths(f: _Fields, limits: Limits) -> tuple[int, int]:

@@ -19,11 +19,15 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.engine.logprobs import PositionLogprobs
 from services.engine.request import EngineRequest, Finish
+
+if TYPE_CHECKING:
+    from services.engine.grammar.state import GrammarState
 
 _arrival = itertools.count()
 
@@ -59,6 +63,8 @@ class Sequence:
     cumulative_logprob: float = 0.0
     # Prompt log-probabilities gathered so far (sample 0 only), for positions prompt_start.. in order.
     prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
+    # The grammar matcher of a constrained request (one per sample); None: unconstrained.
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -75,7 +81,13 @@ class Sequence:
 
     def fork(self, index: int) -> Sequence:
         """A new sample of the same request after this one's prefill: the prompt only, nothing computed."""
-        return Sequence(self.request, priority=self.priority, index=index, num_cached_tokens=self.num_cached_tokens)
+        return Sequence(
+            self.request,
+            priority=self.priority,
+            index=index,
+            num_cached_tokens=self.num_cached_tokens,
+            grammar=self.grammar.fresh() if self.grammar is not None else None,
+        )
 
     @property
     def prompt_logprob_start(self) -> int | None:

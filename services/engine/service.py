@@ -25,7 +25,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(
         self, request: engine_pb2.EngineGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
-        engine_request = request_from_proto(request, self._loaded, self._config)
+        engine_request = request_from_proto(request, self._loaded, self._config, self._engine.engine.processors)
         log.info(
             "generate",
             extra={"request_id": request.request_id, "prompt_tokens": len(request.input_ids)},

@@ -1,7 +1,9 @@
 """One step's sampling: logits rows -> a token per sequence, with the log-probabilities asked for.
 
 Builds the sampler's rows (stop and EOS ids are suppressed until
-min_new_tokens), calls the batched sampler once, and gathers log-probabilities
+min_new_tokens) and the stage-4 hooks the batch needs (the grammar bitmask for
+constrained rows, then the logits processors; none at all for a batch without
+either, so greedy-only batches keep their single argmax), calls the batched sampler once, and gathers log-probabilities
 in one batched pass for the rows that need them: requests asking for logprobs,
 and requests with several samples (best_of ranks them by cumulative log-probability).
 """
@@ -13,8 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from services.engine.grammar.bitmask import GrammarMask
 from services.engine.logprobs import LogprobQuery, PositionLogprobs, gather
-from services.engine.sampler import SamplerRow, sample
+from services.engine.processors.hook import ProcessorHook, uses_processors
+from services.engine.sampler import LogitsHook, SamplerRow, sample
 from services.engine.sequence import Sequence
 
 
@@ -25,6 +29,9 @@ class SampledToken:
     logprob: float | None = None
     # What the request asked for, when it asked.
     logprobs: PositionLogprobs | None = None
+    # Set when the row could not be sampled (no token left by the grammar, a failing logits
+    # processor): the sequence ends with an Abort carrying it, and token_id is meaningless.
+    error: str | None = None
 
 
 def suppressed_ids(seq: Sequence, eos_token_ids: frozenset[int]) -> list[int]:
@@ -65,9 +72,17 @@ def sample_step(
         )
         for seq, wanted in zip(seqs, want, strict=True)
     ]
-    result = sample(logits, sampler_rows)
+    hooks: list[LogitsHook] = []
+    grammar = GrammarMask([seq.grammar for seq in seqs]) if any(seq.grammar for seq in seqs) else None
+    if grammar is not None:
+        hooks.append(grammar)
+    processors = ProcessorHook() if any(uses_processors(row) for row in sampler_rows) else None
+    if processors is not None:
+        hooks.append(processors)
+    result = sample(logits, sampler_rows, hooks)
+    failed = {**(processors.failed if processors else {}), **(grammar.failed if grammar else {})}
     if not any(want):
-        return [SampledToken(token) for token in result.token_ids]
+        return [SampledToken(token, error=failed.get(i)) for i, token in enumerate(result.token_ids)]
 
     picked = [i for i, wanted in enumerate(want) if wanted]
     index = torch.tensor(picked, device=logits.device)
@@ -86,8 +101,8 @@ def sample_step(
     for i, token in enumerate(result.token_ids):
         position = gathered.get(i)
         if position is None:
-            out.append(SampledToken(token))
+            out.append(SampledToken(token, error=failed.get(i)))
             continue
         shown = seqs[i].request.sampling.logprobs.sampled
-        out.append(SampledToken(token, position.token.logprob, position if shown else None))
+        out.append(SampledToken(token, position.token.logprob, position if shown else None, failed.get(i)))
     return out

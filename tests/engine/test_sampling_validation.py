@@ -104,7 +104,10 @@ def test_logprob_options_resolve() -> None:
         ({"dry_multiplier": -1.0}, "dry_multiplier"),
         ({"dry_base": 1.0}, r"dry_base must be in \(1, inf\)"),
         ({"nsigma": -1.0}, "nsigma"),
-        ({"json_schema": "{}"}, "structured outputs"),
+        ({"regex": ""}, "regex must not be empty"),
+        ({"json_schema": " "}, "json_schema must not be empty"),
+        ({"choice": common_pb2.StringList()}, "choice: the list of choices must not be empty"),
+        ({"thinking_budget": 4}, "offers no logits processors"),
     ],
 )
 def test_bad_values_are_refused_with_their_name_and_range(overrides: dict[str, object], message: str) -> None:

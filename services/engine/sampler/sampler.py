@@ -6,7 +6,7 @@ Stages, in order (docs/architecture.md), each skipped when no row in the batch u
  2. DRY penalty                                                      repetition_guards.py
  3. bans: suppressed ids, bad words, no_repeat_ngram (soft) and
     allowed_token_ids (hard), with the empty-row fallback            masks.py
- 4. extra_masks hooks: grammar bitmask, custom logits processors     (caller's)
+ 4. extra_masks hooks: grammar bitmask, then logits processors     grammar/, processors/
  5. temperature or dynamic temperature                               temperature.py
     -> logprobs are taken here; greedy rows take their argmax here
  6. tail truncation: top-n-sigma, top-k, top-p, min-p, top-a, tfs,

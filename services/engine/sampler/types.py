@@ -1,7 +1,8 @@
 """What the sampler takes and returns: one `SamplerRow` per logits row, one `SamplerOutput` per call.
 
-`LogitsHook` is the extension point between the built-in masks and temperature where a
-grammar bitmask and custom logits processors will plug in (see `sampler.sample`).
+`LogitsHook` is the extension point between the built-in masks and temperature where the
+grammar bitmask (grammar/bitmask.py) and logits processors (processors/hook.py) plug in
+(see `sampler.sample`).
 """
 
 from __future__ import annotations
