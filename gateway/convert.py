@@ -150,9 +150,7 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
     out = []
     for prompt, sp, rid, options, processor in zip(prompts, params, rids, logprobs, processors, strict=True):
         add_special_tokens = sp.add_special_tokens if sp is not None else None
-        sampling = _native_sampling(sp)
-        if processor is not None:
-            sampling.custom_logit_processor = processor
+        sampling = _native_sampling(sp, processor)
         msg = _base_request(rid or "", req.model, add_special_tokens, req.priority, sampling, native_logprobs(*options))
         if isinstance(prompt, str):
             msg.text = prompt
@@ -216,9 +214,11 @@ def _openai_sampling(req: OpenAIRequest, max_tokens: int | None, budget: int | N
     return sp
 
 
-def _native_sampling(params: NativeSamplingParams | None) -> common_pb2.SamplingParams:
+def _native_sampling(params: NativeSamplingParams | None, processor: str | None) -> common_pb2.SamplingParams:
     if params is None:
-        return common_pb2.SamplingParams(max_new_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS)
+        sp = common_pb2.SamplingParams(max_new_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS)
+        apply_thinking(sp, None, processor, None)
+        return sp
     max_new_tokens = (
         params.max_new_tokens if "max_new_tokens" in params.model_fields_set else GENERATE_DEFAULT_MAX_NEW_TOKENS
     )
@@ -227,7 +227,7 @@ def _native_sampling(params: NativeSamplingParams | None) -> common_pb2.Sampling
     )
     native_structured_output(params).apply(sp)
     budget = thinking_budget(params, params.custom_params, prefix="sampling_params.")
-    apply_thinking(sp, budget, None, params.custom_params)
+    apply_thinking(sp, budget, processor, params.custom_params)
     return sp
 
 

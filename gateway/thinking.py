@@ -57,7 +57,11 @@ def apply_thinking(
 ) -> None:
     if budget is not None:
         sp.thinking_budget = budget
-    if custom_logit_processor is not None:
+    params = dict(custom_params or {})
+    if custom_logit_processor is None:
+        # SGLang's custom_params.thinking_budget without a processor: the budget field carries it.
+        params.pop("thinking_budget", None)
+    else:
         sp.custom_logit_processor = custom_logit_processor
-    if custom_params:
-        sp.custom_params.update(custom_params)
+    if params:
+        sp.custom_params.update(params)

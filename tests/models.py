@@ -47,22 +47,28 @@ def build_tiny_llama(out: Path, tokenizer_source: Path, *, seed: int = 0, max_po
 THINK_START, THINK_END = "<think>", "</think>"
 
 
-def build_tiny_thinking_llama(out: Path, tokenizer_source: Path, *, seed: int = 0) -> Path:
-    """The tiny random Llama with `<think>` / `</think>` added as special tokens, its vocabulary grown
-    past the tokenizer's (to a multiple of 64, as real checkpoints pad it), and a chat template that
-    pre-fills `<think>\\n` after the assistant header (as Qwen3 / DeepSeek-R1 templates do)."""
+def build_tiny_thinking_llama(out: Path, tokenizer_source: Path, *, seed: int = 0, pad_vocab: bool = True) -> Path:
+    """The tiny random Llama with `<think>` / `</think>` added as whole tokens, its vocabulary grown
+    past the tokenizer's (to a multiple of 64, as real checkpoints pad it, unless `pad_vocab` is
+    False), and a chat template that pre-fills `<think>\\n` after the assistant header (as Qwen3 /
+    DeepSeek-R1 templates do).
+
+    The tags are added tokens that are not special, as in Qwen3 and DeepSeek-R1: decoding keeps
+    them in the text (skip_special_tokens drops only special ones), where reasoning parsers look.
+    Without padding a random model can only sample ids the tokenizer can decode."""
     import torch
+    from tokenizers import AddedToken
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
-    tokenizer.add_special_tokens({"additional_special_tokens": [THINK_START, THINK_END]})
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in (THINK_START, THINK_END)])
     template = (tokenizer_source / "chat_template.jinja").read_text()
     header = "{{ '<|im_start|>assistant\n' }}"
     assert header in template, "the default model's chat template changed"
     tokenizer.chat_template = template.replace(header, "{{ '<|im_start|>assistant\n<think>\n' }}")
     tokenizer.save_pretrained(out)
-    vocab = (len(tokenizer) + 63) // 64 * 64
+    vocab = (len(tokenizer) + 63) // 64 * 64 if pad_vocab else len(tokenizer)
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=64,

@@ -22,3 +22,20 @@ def test_http_flags_reach_the_gateway_and_the_engine_serves_the_first_name() -> 
     assert config.allowed_origins == ("https://x.example",) and config.allow_credentials
     # The key travels in the environment (set by `run`), never on a command line.
     assert "secret" not in " ".join(c for child in stack.children for c in child.argv)
+
+
+def test_generation_flags_reach_every_engine() -> None:
+    from services.engine.main import build_parser as engine_parser
+
+    argv = ["--model", "/m", "--engines", "2", "--grammar-max-whitespace", "2", "--enable-custom-logit-processor"]
+    argv += ["--think-start-token", "<reason>", "--think-end-token", "</reason>", "--max-model-len", "512"]
+    stack = launcher.build_stack(launcher.build_parser().parse_args(argv), Path("/m"))
+    engines = [child for child in stack.children if child.name.startswith("engine")]
+    assert len(engines) == 2
+    for engine in engines:
+        args = engine_parser().parse_args(engine.argv[engine.argv.index("engine") + 1 :])
+        assert args.grammar_max_whitespace == 2 and args.enable_custom_logit_processor
+        assert (args.think_start_token, args.think_end_token) == ("<reason>", "</reason>")
+        assert args.max_model_len == 512
+    plain = launcher.build_stack(launcher.build_parser().parse_args(["--model", "/m"]), Path("/m")).children[0]
+    assert "--enable-custom-logit-processor" not in plain.argv

@@ -193,8 +193,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
         if args.served_model_name:
             # The engine serves the first name; the gateway answers to all of them.
             engine += ["--served-model-name", args.served_model_name[0]]
-        if args.max_model_len:
-            engine += ["--max-model-len", str(args.max_model_len)]
+        engine += engine_flags(args)
         name = "engine" if args.engines == 1 else f"engine{i}"
         healthy = functools.partial(grpc_healthy, f"127.0.0.1:{port}")
         engines.append(Child(name, engine + common, healthy, 0, replica_env(i, args.engines, gpus, args.device)))
@@ -221,6 +220,18 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
             Child("gateway", gateway + common, lambda: http_healthy(health_url), 2),
         ]
     )
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    """The generation options of `turnout serve` passed on to every `turnout engine`."""
+    flags: list[str] = []
+    for name in ("max_model_len", "grammar_max_whitespace", "think_start_token", "think_end_token"):
+        value = getattr(args, name)
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    if args.enable_custom_logit_processor:
+        flags.append("--enable-custom-logit-processor")
+    return flags
 
 
 def gateway_flags(args: argparse.Namespace) -> list[str]:
@@ -273,6 +284,19 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--chat-template", default=None)
+    parser.add_argument(
+        "--grammar-max-whitespace",
+        type=int,
+        default=None,
+        help="engine: longest whitespace run allowed between JSON tokens of a constraint (engine default: 4)",
+    )
+    parser.add_argument("--think-start-token", default=None, help="engine: the model's think-start token (<think>)")
+    parser.add_argument("--think-end-token", default=None, help="engine: the model's think-end token (</think>)")
+    parser.add_argument(
+        "--enable-custom-logit-processor",
+        action="store_true",
+        help="engine: accept serialized custom logit processors (runs client code: trusted clients only)",
+    )
     parser.add_argument(
         "--reasoning-parser",
         default=None,

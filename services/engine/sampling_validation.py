@@ -18,13 +18,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
 from services.engine.grammar.constraint import Constraint
 from services.engine.processors.catalog import ProcessorCall, ProcessorCatalog
 from services.engine.processors.thinking_budget import ThinkingBudget
 from services.engine.sampling_params import LogprobSettings, SamplingSettings
 from turnout.errors import InvalidArgument
+from turnout.struct_values import struct_to_dict
 from turnout.v1 import common_pb2
 
 
@@ -190,7 +189,7 @@ def _processors(params: common_pb2.SamplingParams, limits: Limits) -> tuple[tupl
     `thinking_budget` may also come SGLang-style as custom_logit_processor="thinking_budget" with
     custom_params {"thinking_budget": N}; the field wins when both are set."""
     custom = params.custom_logit_processor if params.HasField("custom_logit_processor") else None
-    custom_params: dict[str, Any] = MessageToDict(params.custom_params) if params.HasField("custom_params") else {}
+    custom_params: dict[str, Any] = struct_to_dict(params.custom_params) if params.HasField("custom_params") else {}
     budget = int(params.thinking_budget) if params.HasField("thinking_budget") else None
     if custom_params and custom is None:
         raise InvalidArgument("custom_params is set but custom_logit_processor is not")

@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
 from turnout.errors import InvalidArgument
+from turnout.struct_values import struct_to_dict
 from turnout.v1 import common_pb2, inference_pb2
 
 Mode = common_pb2.ToolCalling.Mode
@@ -33,7 +32,7 @@ def tool_schemas(request: inference_pb2.GenerateRequest) -> dict[str, dict[str, 
     if request.WhichOneof("input") != "chat":
         return schemas
     for i, tool in enumerate(request.chat.options.tools):
-        entry = MessageToDict(tool)
+        entry = struct_to_dict(tool)
         function = entry.get("function")
         if entry.get("type", "function") != "function" or not isinstance(function, dict):
             raise InvalidArgument(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
 from turnout.errors import InvalidArgument
+from turnout.struct_values import struct_to_dict
 from turnout.v1 import common_pb2
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -63,9 +62,9 @@ def template_kwargs(options: common_pb2.ChatTemplateOptions) -> dict[str, Any]:
         "add_generation_prompt": options.add_generation_prompt if options.HasField("add_generation_prompt") else True,
         "continue_final_message": options.continue_final_message,
         "chat_template": options.chat_template if options.HasField("chat_template") else None,
-        "template_kwargs": MessageToDict(options.chat_template_kwargs)
+        "template_kwargs": struct_to_dict(options.chat_template_kwargs)
         if options.HasField("chat_template_kwargs")
         else {},
-        "tools": [MessageToDict(tool) for tool in options.tools],
-        "documents": [MessageToDict(doc) for doc in options.documents],
+        "tools": [struct_to_dict(tool) for tool in options.tools],
+        "documents": [struct_to_dict(doc) for doc in options.documents],
     }

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.stack import Stack, start_stack
+from tests.models import build_tiny_thinking_llama
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +23,22 @@ def default_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         tmp_path_factory.mktemp("logs") / "default-stack.log",
         "--served-model-name",
         "SmolLM2-135M-Instruct",
+        # Tool calls in the Hermes / Qwen2.5 format; processors the tests send as code.
+        "--tool-call-parser",
+        "hermes",
+        "--enable-custom-logit-processor",
     )
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def thinking_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The tiny random model with <think> tokens (a template that pre-fills <think>), served with the
+    qwen3 reasoning parser and the hermes tool-call parser. Its vocabulary is not padded, so every id
+    it samples decodes."""
+    model = build_tiny_thinking_llama(tmp_path_factory.mktemp("thinking-e2e"), default_model_dir, pad_vocab=False)
+    argv = ("--reasoning-parser", "qwen3", "--tool-call-parser", "hermes")
+    stack = start_stack(model, tmp_path_factory.mktemp("logs") / "thinking-stack.log", *argv)
     yield stack
     stack.stop()

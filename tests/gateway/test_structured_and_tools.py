@@ -262,6 +262,20 @@ async def test_custom_logit_processor_fields(client: httpx.AsyncClient, fake_rou
     assert (await client.post("/generate", json=body)).status_code == 400
 
 
+async def test_custom_params_thinking_budget_rides_on_the_budget_field(
+    client: httpx.AsyncClient, fake_router: FakeRouter
+) -> None:
+    """Without a processor the engine refuses custom_params, so SGLang's budget key becomes the field;
+    a processor of the client's own still sees it."""
+    body = {"messages": CHAT, "custom_params": {"thinking_budget": 4}}
+    assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+    sp = fake_router.requests[0].sampling_params
+    assert sp.thinking_budget == 4 and not sp.HasField("custom_params")
+    body = {"messages": CHAT, "custom_params": {"thinking_budget": 4}, "custom_logit_processor": "{}"}
+    assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+    assert MessageToDict(fake_router.requests[1].sampling_params.custom_params) == {"thinking_budget": 4.0}
+
+
 async def test_separate_reasoning_defaults_on(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
     assert (await client.post("/v1/chat/completions", json={"messages": CHAT})).status_code == 200
     body = {"messages": CHAT, "separate_reasoning": False}
