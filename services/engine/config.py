@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from turnout.telemetry.metrics_http import check_metrics_port
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
@@ -42,6 +44,8 @@ class EngineConfig:
     # `processed`: log-probabilities of the distribution sampled from (after bias, penalties and
     # temperature); `raw`: of the model's logits.
     logprobs_mode: str = "processed"
+    # Port of the Prometheus /metrics HTTP endpoint (None: not served).
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -72,6 +76,7 @@ class EngineConfig:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_gib}")
         if self.max_waiting_requests < 0:
             raise ValueError("--max-waiting-requests must be >= 0")
+        check_metrics_port(self.metrics_port)
 
     @property
     def model_name(self) -> str:

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from services.engine.config import EngineConfig
-from turnout.logs import setup_logging
+from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -43,6 +43,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="processed: log-probs of the distribution sampled from (after penalties, temperature); raw: of logits",
     )
     parser.add_argument("--log-level", default=None)
+    add_observability_flags(parser, metrics_port=True)
     return parser
 
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    setup_logging("engine", args.log_level)
+    setup_observability("engine", args)
     try:
         config = EngineConfig(
             model=args.model,
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> None:
             sampling_defaults=args.sampling_defaults,
             max_logprobs=args.max_logprobs,
             logprobs_mode=args.logprobs_mode,
+            metrics_port=args.metrics_port,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None
@@ -84,14 +86,16 @@ async def _serve(config: EngineConfig) -> None:
     from services.engine.engine_loop import EngineLoop
     from services.engine.llm_engine import LLMEngine
     from services.engine.service import EngineServicer
-    from turnout.grpc_server import ServiceSpec, serve
+    from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
+    from turnout.telemetry.engine_metrics import EngineMetrics
     from turnout.v1 import engine_pb2, engine_pb2_grpc
 
     try:
         core = LLMEngine(config)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
-    engine = EngineLoop(core, config.max_waiting_requests)
+    metrics = EngineMetrics()
+    engine = EngineLoop(core, config.max_waiting_requests, metrics)
     servicer = EngineServicer(core.loaded, engine, config)
     spec = ServiceSpec(
         name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
@@ -101,7 +105,10 @@ async def _serve(config: EngineConfig) -> None:
     async def stop_engine() -> None:
         await asyncio.to_thread(engine.shutdown)
 
-    await serve(config.address, [spec], on_stop=stop_engine)
+    endpoint = (
+        None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
+    )
+    await serve(config.address, [spec], service="engine", on_stop=stop_engine, metrics=endpoint)
 
 
 if __name__ == "__main__":
