@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import engines_api, native_api, openai_api
+from gateway import engines_api, metrics, native_api, openai_api
 from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.router_client import RouterClient
@@ -35,6 +35,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
     # Reported as every model's `created`: the contract has no creation time.
     app.state.created = int(time.time())
     install_handlers(app)
+    app.state.metrics = metrics.GatewayMetrics()
+    app.add_middleware(metrics.Observability, metrics=app.state.metrics)
+    app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
     app.include_router(engines_api.router)

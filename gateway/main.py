@@ -7,7 +7,7 @@ import contextlib
 import logging
 
 from gateway.config import GatewayConfig
-from turnout.logs import setup_logging
+from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         help="log level (default: $TURNOUT_LOG_LEVEL, else INFO)",
     )
+    add_observability_flags(parser, metrics_port=False)
     return parser
 
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> None:
 
     from gateway.app import create_app
 
-    setup_logging("gateway", args.log_level)
+    setup_observability("gateway", args)
     try:
         config = GatewayConfig(
             router_address=args.router, host=args.host, port=args.port, request_timeout_s=args.request_timeout
