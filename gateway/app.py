@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from gateway import engines_api, metrics, native_api, openai_api
 from gateway.config import GatewayConfig
@@ -30,7 +31,17 @@ def create_app(config: GatewayConfig) -> FastAPI:
         finally:
             await channel.close()
 
-    app = FastAPI(title="Turnout gateway", version=__version__, lifespan=lifespan)
+    # FastAPI's own OpenTelemetry support stays off: `metrics.Observability` makes the one span and
+    # the metrics of each request (FastAPI's would add a second SERVER span once a global tracer
+    # provider exists, and would configure exporters from OTEL_* on its own).
+    off: TelemetryConfig = {
+        "tracing": False,
+        "metrics": False,
+        "logs": False,
+        "operation_spans": False,
+        "auto_configure": False,
+    }
+    app = FastAPI(title="Turnout gateway", version=__version__, lifespan=lifespan, telemetry=off)
     app.state.config = config
     # Reported as every model's `created`: the contract has no creation time.
     app.state.created = int(time.time())

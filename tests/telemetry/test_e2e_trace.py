@@ -58,6 +58,9 @@ def test_trace_context_crosses_every_process(
     in_trace = [s for s in spans if s["context"]["trace_id"] == trace_id]
     services = {s["resource"]["attributes"]["service.name"] for s in in_trace}
     assert services == {"turnout-gateway", "turnout-router", "turnout-tokenizer", "turnout-engine"}
+    # One span for the HTTP request: FastAPI's own tracing (which would add another) stays off.
+    gateway = [s for s in in_trace if s["resource"]["attributes"]["service.name"] == "turnout-gateway"]
+    assert [s["name"] for s in gateway] == ["POST /v1/completions"]
 
     # Log lines of the request, from the router and the engine processes, carry its id and trace.
     lines = [e for e in entries if e.get("request_id") == REQUEST_ID and "message" in e]
