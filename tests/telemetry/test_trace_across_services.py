@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from services.engine.config import EngineConfig
 from services.engine.model_loader import LoadedModel, load_model
@@ -129,3 +129,21 @@ async def test_tracing_off_records_nothing_and_installs_no_interceptor(
         assert [type(i) for i in server_interceptors("engine")] == [TracingInterceptor]
     finally:
         tracing.use_provider(None)
+
+
+async def test_a_refused_request_records_its_status_without_marking_a_fault(
+    tiny_model_dir: Path, loaded: LoadedModel, exporter: InMemorySpanExporter
+) -> None:
+    async with in_process_stack(tiny_model_dir, loaded) as stack:
+        exporter.clear()
+        # More tokens than the engine's KV cache (128 blocks of 16) holds: the engine refuses it.
+        reply = await stack.client.post("/v1/completions", json={**BODY, "max_tokens": 4000})
+        assert reply.status_code == 400, reply.text
+    services = _by_service(exporter.get_finished_spans())
+    (engine,) = services["engine"]
+    (router,) = [s for s in services["router"] if s.name.endswith("/Generate")]
+    for span in (engine, router):
+        assert span.attributes is not None and span.attributes["rpc.grpc.status_code"] == 3  # INVALID_ARGUMENT
+        assert span.status.status_code is StatusCode.UNSET  # the caller's mistake, not a server fault
+    (gateway,) = services["gateway"]
+    assert gateway.attributes is not None and gateway.attributes["http.response.status_code"] == 400
