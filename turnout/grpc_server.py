@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from turnout.errors import StatusInterceptor
-from turnout.telemetry.grpc_tracing import client_interceptors, server_interceptors
+from turnout.telemetry.grpc_tracing import server_interceptors, traced
 from turnout.telemetry.metrics_http import serve_metrics
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class MetricsEndpoint:
 def insecure_channel(address: str, options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS) -> aio.Channel:
     """A client channel with the message limits every Turnout server accepts; it carries the
     trace context of each call while tracing is on."""
-    return aio.insecure_channel(address, options=list(options), interceptors=client_interceptors())
+    return traced(aio.insecure_channel(address, options=list(options)))
 
 
 def make_server(service: str, interceptors: Sequence[aio.ServerInterceptor] = ()) -> aio.Server:

@@ -16,8 +16,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from services.engine.config import EngineConfig
 from services.engine.model_loader import LoadedModel, load_model
 from tests.telemetry.in_process import in_process_stack
+from turnout.grpc_server import insecure_channel
 from turnout.telemetry import tracing
-from turnout.telemetry.grpc_tracing import TracingInterceptor, client_interceptors, server_interceptors
+from turnout.telemetry.grpc_tracing import TracingChannel, TracingInterceptor, server_interceptors
 
 BODY = {"prompt": "Hello there", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
 
@@ -113,7 +114,10 @@ async def test_tracing_off_records_nothing_and_installs_no_interceptor(
     tiny_model_dir: Path, loaded: LoadedModel
 ) -> None:
     assert not tracing.enabled()
-    assert client_interceptors() == [] and server_interceptors("engine") == []
+    assert server_interceptors("engine") == []
+    plain = insecure_channel("127.0.0.1:1")
+    assert not isinstance(plain, TracingChannel)
+    await plain.close()
     # A provider exists but was never turned on: nothing may reach it.
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -125,7 +129,9 @@ async def test_tracing_off_records_nothing_and_installs_no_interceptor(
 
     tracing.use_provider(provider)
     try:
-        assert len(client_interceptors()) == 4
+        traced = insecure_channel("127.0.0.1:1")
+        assert isinstance(traced, TracingChannel)
+        await traced.close()
         assert [type(i) for i in server_interceptors("engine")] == [TracingInterceptor]
     finally:
         tracing.use_provider(None)

@@ -1,9 +1,10 @@
-"""Trace context across gRPC: W3C `traceparent` injected into every outgoing call's metadata,
-extracted by every server, which opens one SERVER span per call around the handler.
+"""Trace context across gRPC: W3C `traceparent` added to every outgoing call's metadata (by the
+channel, `traced()`), extracted by every server, whose interceptor opens one SERVER span per call
+around the handler.
 
-Both exist only while tracing is on (`client_interceptors()` and `server_interceptors()` return
-nothing otherwise), so a service without tracing has no interceptor doing work per call. There
-are no CLIENT spans: one request is one trace with one span per service hop.
+Both exist only while tracing is on (`traced()` returns the plain channel and
+`server_interceptors()` nothing otherwise), so a service without tracing does no tracing work
+per call. There are no CLIENT spans: one request is one trace with one span per service hop.
 
 Health checks, reflection and the router's background polls of engines (GetLoad, GetModelInfo
 without a caller's trace context) are not traced: they would bury requests in noise.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from grpc import aio
@@ -41,41 +42,63 @@ _SERVER_FAULTS = frozenset(
 # -- client side: inject -------------------------------------------------------
 
 
-def _with_trace_context(details: aio.ClientCallDetails) -> aio.ClientCallDetails:
+def _with_trace_context(metadata: Any) -> Any:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     if not carrier:  # no span is current: nothing to carry
-        return details
-    metadata = aio.Metadata(*(details.metadata or ()), *carrier.items())
-    return aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready)
+        return metadata
+    return aio.Metadata(*(metadata or ()), *carrier.items())
 
 
-# grpc.aio files an interceptor under the first of these base classes it is, so one class per kind.
-class _InjectUnaryUnary(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_trace_context(details), request)
+class _Injecting:
+    """A stub's callable for one method, adding the trace context to each call's metadata."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner(*args, metadata=_with_trace_context(metadata), **kwargs)
 
 
-class _InjectUnaryStream(aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_trace_context(details), request)
+class TracingChannel:
+    """A channel whose calls carry the current trace context.
+
+    Not grpc.aio client interceptors: those wrap every call in an intercepted call object that
+    relays each streamed message through an extra queue and task (measured: ~100 us of CPU per
+    Detokenize message), while here the metadata is added once, when a call starts, and the call
+    is grpc's own.
+    """
+
+    def __init__(self, channel: aio.Channel) -> None:
+        self._channel = channel
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _Injecting(self._channel.unary_unary(*args, **kwargs))
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _Injecting(self._channel.unary_stream(*args, **kwargs))
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _Injecting(self._channel.stream_unary(*args, **kwargs))
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _Injecting(self._channel.stream_stream(*args, **kwargs))
+
+    async def __aenter__(self) -> TracingChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close()
+
+    def __getattr__(self, name: str) -> Any:  # close(), get_state(), channel_ready(), ...
+        return getattr(self._channel, name)
 
 
-class _InjectStreamUnary(aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_trace_context(details), requests)
-
-
-class _InjectStreamStream(aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_trace_context(details), requests)
-
-
-def client_interceptors() -> list[aio.ClientInterceptor]:
-    """Interceptors for a new client channel: none while tracing is off."""
-    if not tracing.enabled():
-        return []
-    return [_InjectUnaryUnary(), _InjectUnaryStream(), _InjectStreamUnary(), _InjectStreamStream()]
+def traced(channel: aio.Channel) -> aio.Channel:
+    """The channel itself while tracing is off; one that carries the trace context while on."""
+    return cast(aio.Channel, TracingChannel(channel)) if tracing.enabled() else channel
 
 
 # -- server side: extract and open the call's span -----------------------------
