@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 from starlette.middleware.cors import CORSMiddleware
 
-from gateway import engines_api, native_api, openai_api, server_api, tokenize_api
+from gateway import engines_api, metrics, native_api, openai_api, server_api, tokenize_api
 from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPathMiddleware
@@ -33,11 +34,24 @@ def create_app(config: GatewayConfig) -> FastAPI:
         finally:
             await channel.close()
 
-    app = FastAPI(title="Turnout gateway", version=__version__, lifespan=lifespan)
+    # FastAPI's own OpenTelemetry support stays off: `metrics.Observability` makes the one span and
+    # the metrics of each request (FastAPI's would add a second SERVER span once a global tracer
+    # provider exists, and would configure exporters from OTEL_* on its own).
+    off: TelemetryConfig = {
+        "tracing": False,
+        "metrics": False,
+        "logs": False,
+        "operation_spans": False,
+        "auto_configure": False,
+    }
+    app = FastAPI(title="Turnout gateway", version=__version__, lifespan=lifespan, telemetry=off)
     app.state.config = config
     # Reported as every model's `created`: the contract has no creation time.
     app.state.created = int(time.time())
     install_handlers(app)
+    app.state.metrics = metrics.GatewayMetrics()
+    app.add_middleware(metrics.Observability, metrics=app.state.metrics)
+    app.include_router(metrics.router)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
     app.include_router(engines_api.router)

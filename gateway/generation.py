@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from grpc import aio
 from starlette.requests import Request
 
+from gateway import metrics
 from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
 from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
@@ -113,6 +114,7 @@ class Generation:
         before a streaming response has committed to 200.
         """
         started = time.monotonic()
+        metrics.on_generate(requests)
         calls = [stub.Generate(request, timeout=timeout_s) for request in requests]
         try:
             firsts = await asyncio.gather(*(call.read() for call in calls))
@@ -199,6 +201,7 @@ class Generation:
             sample.reasoning_tokens = chunk.reasoning_tokens
             for delta in chunk.tool_calls:
                 _add_tool_call_delta(sample, delta)
+            metrics.on_chunk(sample.index, len(chunk.token_ids))
             return Event(
                 sample,
                 chunk.text,
@@ -223,6 +226,8 @@ class Generation:
                     sibling.input_logprobs = list(complete.input_logprobs)
         sample.finish_reason = complete.finish_reason
         sample.finished = time.monotonic()
+        if sample.local_index == 0:
+            metrics.on_prompt_done(sample.prompt_tokens)
         return Event(sample, "", (), (), done=True)
 
 

@@ -9,7 +9,7 @@ import logging
 import os
 
 from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
-from turnout.logs import setup_logging
+from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         help="log level (default: $TURNOUT_LOG_LEVEL, else INFO)",
     )
+    add_observability_flags(parser, metrics_port=False)
     return parser
 
 
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> None:
 
     from gateway.app import create_app
 
-    setup_logging("gateway", args.log_level)
+    setup_observability("gateway", args)
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -1,7 +1,9 @@
-"""Running a Turnout gRPC service: health, reflection, status mapping, graceful shutdown.
+"""Running a Turnout gRPC service: health, reflection, status mapping, tracing, metrics,
+graceful shutdown.
 
 Every service builds its servicers and calls `serve()`; this is the only place
-that knows how a server starts and stops.
+that knows how a server starts and stops, and (with `insecure_channel`) the only
+place channels and servers get their interceptors.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
 from turnout.errors import StatusInterceptor
+from turnout.telemetry.grpc_tracing import server_interceptors, traced
+from turnout.telemetry.metrics_http import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +42,40 @@ class ServiceSpec:
     add: Callable[[aio.Server], None]
 
 
-def insecure_channel(address: str) -> aio.Channel:
-    """A client channel with the message limits every Turnout server accepts."""
-    return aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """Where a service serves its Prometheus registry over HTTP (`/metrics`)."""
+
+    registry: CollectorRegistry
+    host: str
+    port: int
+
+
+def insecure_channel(address: str, options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS) -> aio.Channel:
+    """A client channel with the message limits every Turnout server accepts; it carries the
+    trace context of each call while tracing is on."""
+    return traced(aio.insecure_channel(address, options=list(options)))
+
+
+def make_server(service: str, interceptors: Sequence[aio.ServerInterceptor] = ()) -> aio.Server:
+    """A server whose calls get a span when tracing is on, then pass `interceptors`, and whose errors
+    become status codes. StatusInterceptor is innermost, so the others see the final status."""
+    chain = [*server_interceptors(service), *interceptors, StatusInterceptor()]
+    return aio.server(interceptors=chain, options=CHANNEL_OPTIONS)
 
 
 async def serve(
     address: str,
     services: Sequence[ServiceSpec],
     *,
+    service: str = "turnout",
+    interceptors: Sequence[aio.ServerInterceptor] = (),
     grace_s: float = 5.0,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    metrics: MetricsEndpoint | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting calls and drain for `grace_s`."""
-    server = aio.server(interceptors=[StatusInterceptor()], options=CHANNEL_OPTIONS)
+    server = make_server(service, interceptors)
     for spec in services:
         spec.add(server)
     health_servicer = health.aio.HealthServicer()
@@ -62,6 +87,10 @@ async def serve(
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
+    metrics_server = None
+    if metrics is not None:
+        metrics_server = serve_metrics(metrics.registry, metrics.host, metrics.port)
+        log.info("metrics", extra={"url": f"http://{metrics.host}:{metrics_server.server_port}/metrics"})
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving", extra={"address": address, "services": names})
@@ -77,6 +106,8 @@ async def serve(
     await server.stop(grace_s)
     if on_stop is not None:
         await on_stop()
+    if metrics_server is not None:
+        await asyncio.to_thread(metrics_server.shutdown)
     log.info("stopped")
 
 

@@ -5,6 +5,10 @@ on a machine with several GPUs each replica sees one (`CUDA_VISIBLE_DEVICES`),
 round-robin over the GPUs when there are more replicas than GPUs; on the CPU the
 replicas split the cores between their thread pools (`OMP_NUM_THREADS`).
 
+`--metrics` gives every gRPC service a free Prometheus port (printed once the stack is up; the
+gateway always serves `/metrics` on its HTTP port). `--log-format` is passed to every child;
+the OTEL_* environment (tracing) reaches them as it is.
+
 Start order: engines and tokenizer, then the router, then the gateway; each is
 waited for until healthy. Stop order is the reverse. On SIGTERM/SIGINT, or when
 any child dies, every child gets SIGTERM, then SIGKILL after a grace period;
@@ -38,6 +42,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.router.config import POLICIES
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
+from turnout.logs import LOG_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +118,8 @@ class Child:
     # Children of one stage start together; each stage waits for the previous one to be healthy.
     stage: int = 0
     env: dict[str, str] | None = None
+    # Its Prometheus port (--metrics), else None.
+    metrics_port: int | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -185,6 +192,15 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     turnout = [sys.executable, "-m", "turnout.cli"]
     common = ["--log-level", args.log_level] if args.log_level else []
+    if args.log_format:
+        common += ["--log-format", args.log_format]
+
+    def metrics_port() -> int | None:
+        return free_port() if args.metrics else None
+
+    def metrics_flags(port: int | None) -> list[str]:
+        return [] if port is None else ["--metrics-port", str(port)]
+
     gpus = visible_gpus() if args.engines > 1 else []
     engines = []
     for i, port in enumerate(engine_ports):
@@ -196,7 +212,11 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
         engine += engine_flags(args)
         name = "engine" if args.engines == 1 else f"engine{i}"
         healthy = functools.partial(grpc_healthy, f"127.0.0.1:{port}")
-        engines.append(Child(name, engine + common, healthy, 0, replica_env(i, args.engines, gpus, args.device)))
+        env = replica_env(i, args.engines, gpus, args.device)
+        engine_metrics = metrics_port()
+        engines.append(
+            Child(name, engine + common + metrics_flags(engine_metrics), healthy, 0, env, metrics_port=engine_metrics)
+        )
     tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
     if args.chat_template:
         tokenizer += ["--chat-template", args.chat_template]
@@ -210,13 +230,26 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     router += ["--host", "127.0.0.1", "--port", str(ports["router"])]
     gateway = [*turnout, "gateway", "--router", addr["router"], "--host", args.host, "--port", str(args.port)]
     gateway += gateway_flags(args)
+    tokenizer_metrics, router_metrics = metrics_port(), metrics_port()
     probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     health_url = f"http://{probe_host}:{args.port}/health"
     return Stack(
         [
             *engines,
-            Child("tokenizer", tokenizer + common, lambda: grpc_healthy(addr["tokenizer"]), 0),
-            Child("router", router + common, lambda: grpc_healthy(addr["router"]), 1),
+            Child(
+                "tokenizer",
+                tokenizer + common + metrics_flags(tokenizer_metrics),
+                lambda: grpc_healthy(addr["tokenizer"]),
+                0,
+                metrics_port=tokenizer_metrics,
+            ),
+            Child(
+                "router",
+                router + common + metrics_flags(router_metrics),
+                lambda: grpc_healthy(addr["router"]),
+                1,
+                metrics_port=router_metrics,
+            ),
             Child("gateway", gateway + common, lambda: http_healthy(health_url), 2),
         ]
     )
@@ -311,6 +344,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for all to be healthy")
     parser.add_argument("--log-level", default=None)
+    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS, help="passed to every service")
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve Prometheus /metrics of the engine(s), tokenizer and router on free ports (printed at start); "
+        "the gateway's is always at /metrics on its HTTP port",
+    )
     return parser
 
 
@@ -318,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
     from turnout.default_model import SERVED_NAME, prepare_default_model
     from turnout.logs import setup_logging
 
-    setup_logging("launcher", args.log_level)
+    setup_logging("launcher", args.log_level, args.log_format)
     if args.model is None:
         args.model = prepare_default_model()
         args.served_model_name = args.served_model_name or [SERVED_NAME]
@@ -339,6 +379,9 @@ def run(args: argparse.Namespace) -> int:
         url = f"http://{args.host}:{args.port}"
         name = args.served_model_name[0] if args.served_model_name else model.name
         print(f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)", flush=True)
+        for child in stack.children:
+            if child.metrics_port is not None:
+                print(f"  {child.name} metrics: http://127.0.0.1:{child.metrics_port}/metrics", flush=True)
         stack.wait()
         return 0 if stack.stopping else 1
     finally:

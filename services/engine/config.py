@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from turnout.telemetry.metrics_http import check_metrics_port
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
@@ -50,6 +52,8 @@ class EngineConfig:
     think_end_token: str = "</think>"
     # Accept custom logits processors serialized by clients: runs client code, trusted clients only.
     enable_custom_logit_processor: bool = False
+    # Port of the Prometheus /metrics HTTP endpoint (None: not served).
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -83,6 +87,7 @@ class EngineConfig:
             raise ValueError("--think-start-token and --think-end-token must not be empty")
         if self.max_waiting_requests < 0:
             raise ValueError("--max-waiting-requests must be >= 0")
+        check_metrics_port(self.metrics_port)
 
     @property
     def model_name(self) -> str:

@@ -16,12 +16,14 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from services.engine.llm_engine import LLMEngine
 from services.engine.request import EngineOutput, EngineRequest, LoadReport
 from turnout.errors import InvalidArgument, ResourceExhausted, Unavailable
+from turnout.telemetry.engine_metrics import EngineGauges, EngineMetrics, RequestTimeline
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
+    # Written by the step-loop thread only (see turnout/telemetry/engine_metrics.py).
+    timeline: RequestTimeline
     outputs: asyncio.Queue[EngineOutput | BaseException] = field(default_factory=asyncio.Queue)
 
     def emit(self, item: EngineOutput | BaseException) -> None:
@@ -55,9 +59,15 @@ class _Flush:
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_waiting_requests: int = 1024) -> None:
+    def __init__(
+        self, engine: LLMEngine, max_waiting_requests: int = 1024, metrics: EngineMetrics | None = None
+    ) -> None:
         self.engine = engine
         self._max_waiting = max_waiting_requests
+        self.metrics = metrics or EngineMetrics()
+        self.metrics.watch(self.gauges)
+        # Step-loop thread only: requests added to the scheduler and not scheduled yet.
+        self._unscheduled: dict[str, RequestTimeline] = {}
         self._commands: queue.SimpleQueue[_Add | _Abort | _Flush | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
@@ -66,8 +76,11 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
-    async def generate(self, request: EngineRequest, priority: int = 0) -> AsyncIterator[EngineOutput]:
-        """Stream the request's outputs; leaving the iteration early aborts it.
+    async def generate(
+        self, request: EngineRequest, priority: int = 0, timeline: RequestTimeline | None = None
+    ) -> AsyncIterator[EngineOutput]:
+        """Stream the request's outputs; leaving the iteration early aborts it. `timeline` (read it once the
+        last output arrived) gets the times the request was queued, scheduled, first sampled and finished.
 
         A constrained request first waits for its grammar, compiled off the step loop (the batch
         keeps running meanwhile); a constraint that does not compile raises InvalidArgument here,
@@ -78,7 +91,7 @@ class EngineLoop:
             # shield: leaving early must not cancel a compilation other requests may share.
             compiled = await asyncio.shield(asyncio.wrap_future(self.engine.grammars.submit(constraint)))
             request = dataclasses.replace(request, grammar=compiled)
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(asyncio.get_running_loop(), timeline or RequestTimeline())
         with self._lock:
             if self._stopping:
                 raise Unavailable("engine is shutting down")
@@ -122,6 +135,17 @@ class EngineLoop:
         self._commands.put(_Flush(done))
         return await asyncio.wrap_future(done)
 
+    def gauges(self) -> EngineGauges:
+        """The state metrics report (read from any thread: plain numbers the step loop last wrote)."""
+        load, cache = self._load, self.engine.block_manager.stats
+        return EngineGauges(
+            running=load.running,
+            waiting=load.waiting,
+            kv_cache_usage=load.kv_tokens_used / load.kv_tokens_capacity if load.kv_tokens_capacity else 0.0,
+            prefix_queried_tokens=cache.num_query_tokens,
+            prefix_hit_tokens=cache.num_hit_tokens,
+        )
+
     def shutdown(self) -> None:
         with self._lock:
             self._stopping = True
@@ -135,18 +159,45 @@ class EngineLoop:
         while True:
             if not self._apply_commands(block=not self.engine.has_work()):
                 return
+            started = time.time_ns()
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # a bug in the step must not hang every caller
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 continue
+            now = time.time_ns()
             self._load = self.engine.load()
+            self._note_scheduled(started)
             for out in outputs:
                 with self._lock:
                     stream = self._streams.get(out.request_id)
                 if stream is not None:
+                    self._observe(stream.timeline, out.output, started, now)
                     stream.emit(out.output)
+                if out.output.request_finished:
+                    self._unscheduled.pop(out.request_id, None)
+
+    def _note_scheduled(self, step_started: int) -> None:
+        """Requests the scheduler admitted in this step were scheduled when it started."""
+        if not self._unscheduled:
+            return
+        running = {seq.request.request_id for seq in self.engine.scheduler.running}
+        for request_id in running.intersection(self._unscheduled):
+            self.metrics.on_scheduled(self._unscheduled.pop(request_id), step_started)
+
+    def _observe(self, timeline: RequestTimeline, output: EngineOutput, step_started: int, now: int) -> None:
+        if output.token_ids:  # admitted and finished within this one step
+            self.metrics.on_scheduled(timeline, step_started)
+        self.metrics.on_output(
+            timeline,
+            now,
+            index=output.index,
+            num_tokens=len(output.token_ids),
+            prompt_tokens=output.prompt_tokens,
+            finish_reason=output.finish.kind if output.finish is not None else None,
+            request_finished=output.request_finished,
+        )
 
     def _apply_commands(self, *, block: bool) -> bool:
         """Apply queued commands (waiting for one when idle). False once shutdown was asked."""
@@ -159,13 +210,16 @@ class EngineLoop:
             if command is None:
                 return False
             if isinstance(command, _Add):
+                with self._lock:
+                    stream = self._streams.get(command.request.request_id)
                 try:
                     self.engine.add_request(command.request, command.priority)
                 except Exception as exc:
-                    with self._lock:
-                        stream = self._streams.get(command.request.request_id)
                     if stream is not None:
                         stream.emit(exc)
+                else:
+                    if stream is not None:
+                        self._unscheduled[command.request.request_id] = stream.timeline
             elif isinstance(command, _Flush):
                 command.done.set_result(self.engine.block_manager.reset_prefix_cache())
             else:

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from services.engine.config import EngineConfig
-from turnout.logs import setup_logging
+from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -57,6 +57,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="accept logits processors serialized by clients (runs their code: trusted clients only)",
     )
     parser.add_argument("--log-level", default=None)
+    add_observability_flags(parser, metrics_port=True)
     return parser
 
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    setup_logging("engine", args.log_level)
+    setup_observability("engine", args)
     try:
         config = EngineConfig(
             model=args.model,
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> None:
             think_start_token=args.think_start_token,
             think_end_token=args.think_end_token,
             enable_custom_logit_processor=args.enable_custom_logit_processor,
+            metrics_port=args.metrics_port,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None
@@ -102,14 +104,16 @@ async def _serve(config: EngineConfig) -> None:
     from services.engine.engine_loop import EngineLoop
     from services.engine.llm_engine import LLMEngine
     from services.engine.service import EngineServicer
-    from turnout.grpc_server import ServiceSpec, serve
+    from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
+    from turnout.telemetry.engine_metrics import EngineMetrics
     from turnout.v1 import engine_pb2, engine_pb2_grpc
 
     try:
         core = LLMEngine(config)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
-    engine = EngineLoop(core, config.max_waiting_requests)
+    metrics = EngineMetrics()
+    engine = EngineLoop(core, config.max_waiting_requests, metrics)
     servicer = EngineServicer(core.loaded, engine, config)
     spec = ServiceSpec(
         name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
@@ -119,7 +123,10 @@ async def _serve(config: EngineConfig) -> None:
     async def stop_engine() -> None:
         await asyncio.to_thread(engine.shutdown)
 
-    await serve(config.address, [spec], on_stop=stop_engine)
+    endpoint = (
+        None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
+    )
+    await serve(config.address, [spec], service="engine", on_stop=stop_engine, metrics=endpoint)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,15 @@ import logging
 from collections.abc import AsyncIterator
 
 from grpc import aio
+from opentelemetry import trace
 
 from services.engine.config import EngineConfig
 from services.engine.convert import load_to_proto, output_to_proto, request_from_proto
 from services.engine.engine_loop import EngineLoop
 from services.engine.model_loader import LoadedModel
+from services.engine.request import EngineOutput
+from turnout.telemetry.engine_metrics import RequestTimeline
+from turnout.telemetry.request_context import set_request_id
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -25,6 +29,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(
         self, request: engine_pb2.EngineGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+        set_request_id(request.request_id)
         engine_request = request_from_proto(request, self._loaded, self._config, self._engine.engine.processors)
         log.info(
             "generate",
@@ -32,8 +37,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         )
         # A cancelled call cancels this generator; closing engine.generate() aborts the request.
         priority = request.priority if request.HasField("priority") else 0
-        async for output in self._engine.generate(engine_request, priority):
-            yield output_to_proto(output)
+        timeline = RequestTimeline()
+        last: EngineOutput | None = None
+        try:
+            async for output in self._engine.generate(engine_request, priority, timeline):
+                last = output
+                yield output_to_proto(output)
+        finally:
+            _annotate_span(request.request_id, timeline, last)
 
     async def Abort(self, request: engine_pb2.AbortRequest, context: aio.ServicerContext) -> engine_pb2.AbortResponse:
         return engine_pb2.AbortResponse(aborted=self._engine.abort(request.request_id, tuple(request.indices)))
@@ -55,3 +66,28 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         load = self._engine.load()
         busy = f"{load.running + load.waiting} requests running or waiting hold KV blocks"
         return engine_pb2.FlushCacheResponse(flushed=False, message=f"not flushed: {busy}")
+
+
+def _annotate_span(request_id: str, timeline: RequestTimeline, last: EngineOutput | None) -> None:
+    """The call's span (when tracing) gets the request's stages as events at the times the step loop saw them."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attribute("turnout.request_id", request_id)
+    span.add_event("queued", timestamp=timeline.queued_ns)
+    if timeline.scheduled_ns is not None:
+        span.add_event("scheduled", {"queue_time_s": timeline.queue_time_s or 0.0}, timestamp=timeline.scheduled_ns)
+    if timeline.first_token_ns is not None:
+        span.add_event("first_token", {"ttft_s": timeline.ttft_s or 0.0}, timestamp=timeline.first_token_ns)
+    if last is None:
+        return
+    span.set_attributes(
+        {
+            "turnout.prompt_tokens": last.prompt_tokens,
+            "turnout.completion_tokens": last.completion_tokens,
+            "turnout.cached_tokens": last.cached_tokens,
+        }
+    )
+    if timeline.finished_ns is not None and last.finish is not None:
+        attributes = {"finish_reason": last.finish.kind, "completion_tokens": last.completion_tokens}
+        span.add_event("finished", attributes, timestamp=timeline.finished_ns)

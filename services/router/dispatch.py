@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc import aio
+from opentelemetry import trace
 
 from services.router.engine_pool import EngineClient, EnginePool
 from turnout.errors import ResourceExhausted, Unavailable
@@ -129,6 +130,7 @@ class EngineStream:
                     return
                 except _RetryElsewhere:
                     engine.retried_total += 1
+                    trace.get_current_span().add_event("retry", {"engine": engine.address, "error": errors[-1]})
 
     def _pick(self, tried: set[str], errors: list[str]) -> EngineClient:
         candidates = self._pool.routable(self._model)
@@ -140,6 +142,10 @@ class EngineStream:
         fresh = [e for e in candidates if e.address not in tried] or candidates
         route = self._pool.policy.pick(fresh, self._request.input_ids)
         self._pool.decisions[route.reason] += 1
+        trace.get_current_span().add_event(
+            "routed",
+            {"engine": route.engine.address, "reason": route.reason, "policy": self._pool.policy.name},
+        )
         log.info(
             "routed",
             extra={"request_id": self._request.request_id, "engine": route.engine.address, "reason": route.reason},

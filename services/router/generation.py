@@ -24,6 +24,8 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
+from opentelemetry import trace
+
 from services.router import dispatch
 from services.router.engine_pool import EnginePool
 from services.router.logprob_text import fill_texts
@@ -31,6 +33,7 @@ from services.router.prompt import Prompt, encode_prompt, encode_sampling_string
 from services.router.sample_text import SampleText
 from services.router.tokenizer_pool import TokenizerPool
 from services.router.tool_constraint import constrain_for_tools
+from turnout.telemetry.request_context import set_request_id
 from turnout.v1 import common_pb2, engine_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,8 @@ def _asks_logprobs(options: common_pb2.LogprobOptions) -> bool:
 async def generate(
     request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizers: TokenizerPool
 ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    request_id = request.request_id or uuid.uuid4().hex
+    set_request_id(request_id)
     model = engines.model_info(request.model)
     tokenizer = tokenizers.pick()
     # Checked before any tokenizer or engine work: a bad tool request costs nothing.
@@ -62,7 +67,6 @@ async def generate(
     prompt = await encode_prompt(request, tokenizer)
     input_ids = prompt.ids
     params = await encode_sampling_strings(params, tokenizer)
-    request_id = request.request_id or uuid.uuid4().hex
     n = params.n if params.HasField("n") else 1
     best_of = params.best_of if params.HasField("best_of") else n
     ranking = best_of > n
@@ -76,6 +80,9 @@ async def generate(
     if request.HasField("priority"):
         engine_request.priority = request.priority
     log.info("generate", extra={"request_id": request_id, "prompt_tokens": len(input_ids)})
+    span = trace.get_current_span()
+    span.set_attribute("turnout.request_id", request_id)
+    span.set_attribute("turnout.prompt_tokens", len(input_ids))
 
     with_texts = request.logprob_options.return_text_in_logprobs
     keep_logprobs = _asks_logprobs(request.logprob_options)

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from services.router.config import POLICIES, RouterConfig
-from turnout.logs import setup_logging
+from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 # The flags' defaults are the config's.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(RouterConfig)}
@@ -31,9 +31,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50050)
     parser.add_argument("--log-level", default=None)
-    parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics over HTTP on this port (default: off)"
-    )
+    add_observability_flags(parser, metrics_port=True)
 
     routing = parser.add_argument_group("routing")
     routing.add_argument("--policy", default=d["policy"], choices=POLICIES, help="default: %(default)s")
@@ -164,7 +162,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 
 def run(args: argparse.Namespace) -> None:
-    setup_logging("router", args.log_level)
+    setup_observability("router", args)
     try:
         config = config_from_args(args)
     except ValueError as exc:
@@ -178,7 +176,7 @@ async def _serve(config: RouterConfig) -> None:
 
     router = RouterRuntime(config)
     await router.start()
-    await serve(config.address, router.services(), on_stop=router.close)
+    await serve(config.address, router.services(), service="router", on_stop=router.close)
 
 
 if __name__ == "__main__":

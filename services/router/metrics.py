@@ -19,20 +19,29 @@ scrapes and an engine that leaves the pool leaves the metrics with it.
 | | | imbalanced; the policy's name for the others) |
 | `turnout_router_rejected_requests_total` | reason | refused before any engine: no_engine, queue_full, queue_timeout |
 | `turnout_router_active_requests`, `turnout_router_queued_requests` | | admission slots held, and waiting |
+| `turnout_router_requests_total` | status | Generate calls by final gRPC status (OK, CANCELLED, ...) |
+| `turnout_router_time_to_first_token_seconds` | | call start to the first chunk with tokens (encode, |
+| | | queueing, prefill) |
+| `turnout_router_e2e_request_latency_seconds` | | call start to its end |
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.router.circuit_breaker import Circuit
 from services.router.engine_pool import EngineClient, EnginePool
 from services.router.health_checker import Health
+from turnout.errors import status_of
+from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from turnout.telemetry.metrics_http import serve_metrics as serve_registry
+from turnout.v1 import inference_pb2
 
 PREFIX = "turnout_router"
 
@@ -84,13 +93,49 @@ class RouterCollector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_queued_requests", "Streams waiting for a slot", pool.admission.queued)
 
 
-def make_registry(pool: EnginePool) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
+class RequestMetrics:
+    """Generate calls as the router's callers see them, counted as they pass through the servicer."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "Generate calls by final status", ["status"], registry=r)
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "Call start to first token",
+            registry=r,
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds", "Call start to end", registry=r, buckets=REQUEST_LATENCY_BUCKETS
+        )
+
+    async def observe(
+        self, responses: AsyncIterator[inference_pb2.GenerateResponse]
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        started, first, status = time.perf_counter(), True, "CANCELLED"  # left early: the caller went away
+        try:
+            async for response in responses:
+                if first and response.WhichOneof("kind") == "chunk" and response.chunk.token_ids:
+                    first = False
+                    self.ttft.observe(time.perf_counter() - started)
+                yield response
+            status = "OK"
+        except Exception as exc:
+            code = status_of(exc)
+            status = code.name if code is not None else "INTERNAL"
+            raise
+        finally:
+            self.requests.labels(status).inc()
+            self.e2e.observe(time.perf_counter() - started)
+
+
+def make_registry(pool: EnginePool, registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    registry = registry or CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(pool))
     return registry
 
 
-def serve_metrics(pool: EnginePool, host: str, port: int) -> WSGIServer:
+def serve_metrics(pool: EnginePool, host: str, port: int, requests: RequestMetrics | None = None) -> WSGIServer:
     """Serve /metrics over HTTP on a background thread (prometheus_client's own server); shut it down when done."""
-    server, _ = start_http_server(port, addr=host, registry=make_registry(pool))
-    return server
+    return serve_registry(make_registry(pool, requests.registry if requests else None), host, port)

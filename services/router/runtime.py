@@ -19,6 +19,7 @@ from services.router.engine_discovery import EngineDiscovery, Resolver, resolve_
 from services.router.engine_pool import EnginePool
 from services.router.health_checker import HealthChecker
 from services.router.load_poller import LoadPoller
+from services.router.metrics import RequestMetrics
 from services.router.service import InferenceServicer
 from services.router.tokenizer_pool import TokenizerPool
 from turnout.grpc_server import ServiceSpec
@@ -34,6 +35,7 @@ class RouterRuntime:
         self.health = HealthChecker(self.engines, config.health_check_interval_s, config.health_check_timeout_s)
         self.load = LoadPoller(self.engines, config.load_poll_interval_s, config.health_check_timeout_s)
         self._metrics_server: WSGIServer | None = None
+        self.request_metrics = RequestMetrics()
 
     async def start(self) -> None:
         for target in self.config.engines:
@@ -44,10 +46,12 @@ class RouterRuntime:
         if self.config.metrics_port is not None:
             from services.router.metrics import serve_metrics
 
-            self._metrics_server = serve_metrics(self.engines, self.config.host, self.config.metrics_port)
+            self._metrics_server = serve_metrics(
+                self.engines, self.config.host, self.config.metrics_port, self.request_metrics
+            )
 
     def services(self) -> list[ServiceSpec]:
-        inference = InferenceServicer(self.engines, self.tokenizers)
+        inference = InferenceServicer(self.engines, self.tokenizers, self.request_metrics)
         admin = RouterAdminServicer(self.engines, self.discovery)
         return [
             ServiceSpec(

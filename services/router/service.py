@@ -8,20 +8,22 @@ from grpc import aio
 
 from services.router.engine_pool import EnginePool
 from services.router.generation import generate
+from services.router.metrics import RequestMetrics
 from services.router.tokenizer_pool import TokenizerPool
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, tokenizer_pb2
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, engines: EnginePool, tokenizers: TokenizerPool) -> None:
+    def __init__(self, engines: EnginePool, tokenizers: TokenizerPool, metrics: RequestMetrics | None = None) -> None:
         self._engines = engines
         self._tokenizers = tokenizers
+        self._metrics = metrics or RequestMetrics()
 
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        async for response in generate(request, self._engines, self._tokenizers):
+        async for response in self._metrics.observe(generate(request, self._engines, self._tokenizers)):
             yield response
 
     async def Tokenize(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from services.tokenizer.reasoning import reasoning_parser_class
 from services.tokenizer.tool_parsers import tool_parser_class
+from turnout.telemetry.metrics_http import check_metrics_port
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class TokenizerConfig:
     reasoning_parser: str | None = None
     # Reads tool calls for tool_choice "auto" (a name in tool_parsers.TOOL_PARSERS).
     tool_call_parser: str | None = None
+    # Port of the Prometheus /metrics HTTP endpoint (None: not served).
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.reasoning_parser is not None:
@@ -30,6 +33,7 @@ class TokenizerConfig:
             raise ValueError(f"--model {self.model}: not a folder")
         if not any((self.model / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
             raise ValueError(f"--model {self.model}: no tokenizer.json or tokenizer_config.json there")
+        check_metrics_port(self.metrics_port)
 
     @property
     def address(self) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
-from turnout.logs import setup_logging
+from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -32,6 +32,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="read tool calls from the output for tool_choice 'auto' (default: none; such requests are refused)",
     )
     parser.add_argument("--log-level", default=None)
+    add_observability_flags(parser, metrics_port=True)
     return parser
 
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    setup_logging("tokenizer", args.log_level)
+    setup_observability("tokenizer", args)
     try:
         config = TokenizerConfig(
             model=args.model,
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> None:
             chat_template=args.chat_template,
             reasoning_parser=args.reasoning_parser,
             tool_call_parser=args.tool_call_parser,
+            metrics_port=args.metrics_port,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout tokenizer: {exc}") from None
@@ -58,9 +60,11 @@ def run(args: argparse.Namespace) -> None:
 async def _serve(config: TokenizerConfig) -> None:
     from services.tokenizer.service import TokenizerServicer
     from services.tokenizer.text_tokenizer import TextTokenizer
-    from turnout.grpc_server import ServiceSpec, serve
+    from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
+    from turnout.telemetry.rpc_metrics import RpcMetrics
     from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
+    metrics = RpcMetrics("tokenizer")
     servicer = TokenizerServicer(
         TextTokenizer(config.model, config.chat_template),
         reasoning_parser=config.reasoning_parser,
@@ -70,7 +74,10 @@ async def _serve(config: TokenizerConfig) -> None:
         name=tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name,
         add=lambda server: tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server),
     )
-    await serve(config.address, [spec])
+    endpoint = (
+        None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
+    )
+    await serve(config.address, [spec], service="tokenizer", interceptors=[metrics], metrics=endpoint)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from grpc import aio
+from opentelemetry import trace
 
 from services.tokenizer.convert import message_to_dict, template_kwargs
 from services.tokenizer.detokenizer import IncrementalDetokenizer
@@ -16,6 +17,7 @@ from services.tokenizer.stop_matcher import StopMatcher
 from services.tokenizer.text_tokenizer import TextTokenizer
 from services.tokenizer.tool_parsers import tool_parser_class
 from turnout.errors import FailedPrecondition, InvalidArgument
+from turnout.telemetry.request_context import set_request_id
 from turnout.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         else:
             raise InvalidArgument("EncodeRequest needs `text` or `chat`")
         ids = self._tokenizer.encode(text, add_special_tokens=add_special)
+        trace.get_current_span().set_attribute("turnout.prompt_tokens", len(ids))
         return tokenizer_pb2.EncodeResponse(input_ids=ids, prompt_text=text, thinking_open=thinking_open)
 
     async def Decode(
@@ -72,6 +75,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         if first.WhichOneof("kind") != "start":
             raise InvalidArgument("the first Detokenize message must be `start`")
         start = first.start
+        set_request_id(start.request_id)
+        trace.get_current_span().set_attribute("turnout.request_id", start.request_id)
         vocab = self._tokenizer.vocab_size
         detokenizer = IncrementalDetokenizer(
             self._tokenizer.backend,

@@ -1,0 +1,89 @@
+"""Log lines: JSON with the fields docs/observability.md lists, the request id of the request being
+served on every line (without passing it), trace ids while a span is current, one format rule."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from turnout.logs import log_format, setup_logging
+from turnout.telemetry.request_context import set_request_id
+
+log = logging.getLogger("tests.telemetry")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """setup_logging replaces the root handlers: put the test runner's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def logged(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
+    """The lines written since the last read (setup_logging binds sys.stderr, which capsys replaced)."""
+    return [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+
+
+async def test_json_lines_carry_the_request_id_of_their_own_request(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("router", "INFO", "json")
+
+    async def serve(request_id: str) -> None:
+        set_request_id(request_id)
+        await asyncio.sleep(0.01)  # the two requests interleave
+        log.info("working", extra={"step": 1})
+
+    # Each request runs in its own task, as gRPC and ASGI run them.
+    await asyncio.gather(asyncio.create_task(serve("req-a")), asyncio.create_task(serve("req-b")))
+    log.info("between requests")
+    entries = logged(capsys)
+    assert [(e["message"], e.get("request_id")) for e in entries] == [
+        ("working", "req-a"),
+        ("working", "req-b"),
+        ("between requests", None),
+    ]
+    first = entries[0]
+    assert first["service"] == "router" and first["level"] == "info" and first["logger"] == "tests.telemetry"
+    assert first["step"] == 1 and str(first["timestamp"]).endswith("Z")
+    assert "trace_id" not in first  # no span: no trace ids
+
+
+def test_lines_inside_a_span_carry_its_trace_and_span_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("engine", "INFO", "json")
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("request") as span:
+        log.info("inside")
+    (entry,) = logged(capsys)
+    assert entry["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert entry["span_id"] == format(span.get_span_context().span_id, "016x")
+
+
+def test_an_explicit_request_id_wins(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("engine", "INFO", "json")
+    set_request_id("outer")
+    log.info("x", extra={"request_id": "explicit"})
+    set_request_id(None)
+    (entry,) = logged(capsys)
+    assert entry["request_id"] == "explicit"
+
+
+def test_text_format_and_the_one_rule(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TURNOUT_LOG_FORMAT", "text")
+    assert log_format(None) == "text"
+    assert log_format("json") == "json"  # the flag wins over the environment
+    setup_logging("gateway", "INFO")
+    set_request_id("req-t")
+    log.info("hello", extra={"port": 8000})
+    set_request_id(None)
+    line = capsys.readouterr().err.strip()
+    assert " INFO gateway tests.telemetry: hello" in line and "request_id=req-t" in line and "port=8000" in line
+    monkeypatch.setenv("TURNOUT_LOG_FORMAT", "yaml")
+    with pytest.raises(SystemExit, match="log format must be one of json, text, got 'yaml'"):
+        log_format(None)

@@ -1,0 +1,142 @@
+"""The engine's request timeline and Prometheus metrics.
+
+The step-loop thread writes a request's `RequestTimeline` (wall-clock nanoseconds, so the
+times can become span events) and observes the histograms as outputs leave a step; the gRPC
+side only reads the timeline once the request's last output has arrived (handed over through
+the event loop, so every write happened before). Gauges are read at scrape time.
+
+| metric | labels | what |
+| --- | --- | --- |
+| `turnout_engine_requests_total` | finish_reason | finished requests: stop, length, abort |
+| `turnout_engine_prompt_tokens_total` | | prompt tokens of requests whose prefill completed |
+| `turnout_engine_generation_tokens_total` | | tokens sampled (every sample of every request) |
+| `turnout_engine_queue_time_seconds` | | arrival to first scheduled |
+| `turnout_engine_time_to_first_token_seconds` | | arrival to first token (queue + prefill) |
+| `turnout_engine_inter_token_latency_seconds` | | between two outputs of one sample |
+| `turnout_engine_e2e_request_latency_seconds` | | arrival to the request's last output |
+| `turnout_engine_running_requests`, `turnout_engine_waiting_requests` | | scheduler queues now |
+| `turnout_engine_kv_cache_usage_ratio` | | share of KV blocks in use, 0..1 |
+| `turnout_engine_prefix_cache_queried_tokens_total`, `..._hit_tokens_total` | | prompt tokens looked up in |
+| | | the prefix cache, and found there: hit rate = rate(hit) / rate(queried) |
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+
+NS = 1e-9
+
+
+@dataclass
+class RequestTimeline:
+    """When one engine request reached each stage (time.time_ns(); None: not yet)."""
+
+    queued_ns: int = field(default_factory=time.time_ns)
+    scheduled_ns: int | None = None
+    first_token_ns: int | None = None
+    finished_ns: int | None = None
+    # Last output time of each sample, for inter-token latency.
+    _last_ns: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def queue_time_s(self) -> float | None:
+        return None if self.scheduled_ns is None else (self.scheduled_ns - self.queued_ns) * NS
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_ns is None else (self.first_token_ns - self.queued_ns) * NS
+
+
+@dataclass(frozen=True)
+class EngineGauges:
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        p = "turnout_engine"
+        self.requests = Counter(f"{p}_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter(f"{p}_generation_tokens", "Tokens generated", registry=r)
+        self.queue_time = Histogram(
+            f"{p}_queue_time_seconds", "Arrival to first scheduled", registry=r, buckets=REQUEST_LATENCY_BUCKETS
+        )
+        self.ttft = Histogram(
+            f"{p}_time_to_first_token_seconds", "Arrival to first token", registry=r, buckets=TOKEN_LATENCY_BUCKETS
+        )
+        self.itl = Histogram(
+            f"{p}_inter_token_latency_seconds", "Between outputs of a sample", registry=r, buckets=TOKEN_LATENCY_BUCKETS
+        )
+        self.e2e = Histogram(
+            f"{p}_e2e_request_latency_seconds", "Arrival to last output", registry=r, buckets=REQUEST_LATENCY_BUCKETS
+        )
+
+    def watch(self, gauges: Callable[[], EngineGauges]) -> None:
+        """Report the scheduler and KV cache state `gauges()` returns at every scrape."""
+        self.registry.register(_GaugeCollector(gauges))
+
+    # -- called on the step-loop thread ----------------------------------------
+
+    def on_scheduled(self, timeline: RequestTimeline, now_ns: int) -> None:
+        if timeline.scheduled_ns is None:
+            timeline.scheduled_ns = now_ns
+            self.queue_time.observe((now_ns - timeline.queued_ns) * NS)
+
+    def on_output(
+        self,
+        timeline: RequestTimeline,
+        now_ns: int,
+        *,
+        index: int,
+        num_tokens: int,
+        prompt_tokens: int,
+        finish_reason: str | None,
+        request_finished: bool,
+    ) -> None:
+        """One output of sample `index` left the step at `now_ns`."""
+        if num_tokens:
+            if timeline.first_token_ns is None:
+                timeline.first_token_ns = now_ns
+                self.ttft.observe((now_ns - timeline.queued_ns) * NS)
+                self.prompt_tokens.inc(prompt_tokens)
+            last = timeline._last_ns.get(index)
+            if last is not None:
+                self.itl.observe((now_ns - last) * NS)
+            timeline._last_ns[index] = now_ns
+            self.generation_tokens.inc(num_tokens)
+        if request_finished:
+            timeline.finished_ns = now_ns
+            self.requests.labels(finish_reason or "abort").inc()
+            self.e2e.observe((now_ns - timeline.queued_ns) * NS)
+
+
+class _GaugeCollector(Collector):
+    def __init__(self, gauges: Callable[[], EngineGauges]) -> None:
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        g = self._gauges()
+        p = "turnout_engine"
+        yield GaugeMetricFamily(f"{p}_running_requests", "Requests in the running batch", g.running)
+        yield GaugeMetricFamily(f"{p}_waiting_requests", "Requests waiting to be scheduled", g.waiting)
+        yield GaugeMetricFamily(f"{p}_kv_cache_usage_ratio", "Share of KV blocks in use", g.kv_cache_usage)
+        yield CounterMetricFamily(
+            f"{p}_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", g.prefix_queried_tokens
+        )
+        yield CounterMetricFamily(
+            f"{p}_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", g.prefix_hit_tokens
+        )
