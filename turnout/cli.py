@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from turnout.launcher import die_with_launcher
+
+    die_with_launcher()
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     code = args.run(args)
     sys.exit(code if isinstance(code, int) else 0)

@@ -56,10 +56,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
-    with contextlib.suppress(OSError):
+# In each child's environment: the launcher's pid, for `die_with_launcher`.
+LAUNCHER_PID_ENV = "TURNOUT_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """In a child the launcher started (first thing its `turnout` command does): get SIGTERM when
+    the launcher dies (Linux). Done here rather than in a preexec_fn: that runs Python between fork
+    and exec, which can deadlock once the launcher has threads (gRPC's, from its health checks)."""
+    pid = os.environ.pop(LAUNCHER_PID_ENV, None)
+    if pid is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(pid):  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def grpc_healthy(address: str) -> bool:
@@ -124,8 +135,8 @@ class Child:
 
     def start(self) -> None:
         log.info("starting", extra={"child": self.name, "argv": self.argv, "env": self.env or {}})
-        env = {**os.environ, **self.env} if self.env else None
-        self.process = subprocess.Popen(self.argv, preexec_fn=_die_with_parent, env=env)
+        env = {**os.environ, **(self.env or {}), LAUNCHER_PID_ENV: str(os.getpid())}
+        self.process = subprocess.Popen(self.argv, env=env)
 
     @property
     def exited(self) -> int | None:
