@@ -15,14 +15,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def build_tiny_llama(out: Path, tokenizer_source: Path, *, seed: int = 0, max_positions: int = 4096) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (tokenizer_source / name).is_file():
             shutil.copy(tokenizer_source / name, out / name)
     vocab = json.loads((tokenizer_source / "config.json").read_text())["vocab_size"]
+    return _save_random_llama(out, vocab, seed=seed, max_positions=max_positions)
+
+
+def _save_random_llama(out: Path, vocab: int, *, seed: int, max_positions: int) -> Path:
+    """2 layers, hidden 64, GQA 4/2 heads, tied embeddings, seeded random weights; SmolLM2's special ids."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=64,
@@ -38,8 +43,7 @@ def build_tiny_llama(out: Path, tokenizer_source: Path, *, seed: int = 0, max_po
         pad_token_id=2,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(out)
+    LlamaForCausalLM(config).save_pretrained(out)
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}))
     return out
 
@@ -56,9 +60,8 @@ def build_tiny_thinking_llama(out: Path, tokenizer_source: Path, *, seed: int = 
     The tags are added tokens that are not special, as in Qwen3 and DeepSeek-R1: decoding keeps
     them in the text (skip_special_tokens drops only special ones), where reasoning parsers look.
     Without padding a random model can only sample ids the tokenizer can decode."""
-    import torch
     from tokenizers import AddedToken
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
@@ -69,20 +72,4 @@ def build_tiny_thinking_llama(out: Path, tokenizer_source: Path, *, seed: int = 
     tokenizer.chat_template = template.replace(header, "{{ '<|im_start|>assistant\n<think>\n' }}")
     tokenizer.save_pretrained(out)
     vocab = (len(tokenizer) + 63) // 64 * 64 if pad_vocab else len(tokenizer)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(out)
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}))
-    return out
+    return _save_random_llama(out, vocab, seed=seed, max_positions=2048)
