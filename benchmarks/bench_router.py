@@ -33,8 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from turnout.child_processes import free_port
 from turnout.grpc_server import insecure_channel
-from turnout.launcher import free_port
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 

@@ -14,7 +14,7 @@ import pytest
 PARENT = textwrap.dedent(
     """
     import sys, time
-    from turnout.launcher import Child, free_port
+    from turnout.child_processes import Child, free_port
 
     argv = [sys.executable, "-m", "turnout.cli", "router", "--tokenizer", "127.0.0.1:1",
             "--engine", "127.0.0.1:2", "--port", str(free_port())]

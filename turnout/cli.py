@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from turnout.launcher import die_with_launcher
+    from turnout.child_processes import die_with_launcher
 
     die_with_launcher()
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)

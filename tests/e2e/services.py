@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.e2e.stack import ROOT
-from turnout.launcher import free_port, grpc_healthy
+from turnout.child_processes import free_port, grpc_healthy
 
 
 @dataclass

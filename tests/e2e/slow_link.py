@@ -21,7 +21,7 @@ from typing import Any
 from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
 
-from turnout.launcher import free_port
+from turnout.child_processes import free_port
 from turnout.v1 import engine_pb2_grpc
 
 

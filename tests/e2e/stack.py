@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import httpx
 
-from turnout.launcher import free_port
+from turnout.child_processes import free_port
 from turnout.v1 import engine_pb2, engine_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ from gateway.config import GatewayConfig
 from tests.e2e.services import Service
 from tests.e2e.slow_link import SlowLink
 from tests.e2e.stack import start_stack
-from turnout.launcher import free_port
+from turnout.child_processes import free_port
 from turnout.v1 import (
     common_pb2,
     engine_pb2,

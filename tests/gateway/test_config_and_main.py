@@ -14,7 +14,7 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.main import parse_args
-from turnout.launcher import free_port
+from turnout.child_processes import free_port
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.engine.config import EngineConfig
 from services.engine.model_loader import LoadedModel, load_model
 from tests.telemetry.in_process import in_process_stack
-from turnout.launcher import free_port
+from turnout.child_processes import free_port
 from turnout.telemetry.metrics_http import serve_metrics
 
 BODY = {"prompt": "Hello there", "max_tokens": 5, "temperature": 0, "ignore_eos": True}

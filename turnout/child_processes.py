@@ -1,0 +1,144 @@
+"""The child processes of `turnout serve` and their supervision: start in stages, each waited
+for until healthy; stop in reverse, SIGTERM then SIGKILL after a grace period; and the children's
+side of dying with the launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 8.0
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+# In each child's environment: the launcher's pid, for `die_with_launcher`.
+LAUNCHER_PID_ENV = "TURNOUT_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """In a child the launcher started (first thing its `turnout` command does): get SIGTERM when
+    the launcher dies (Linux). Done here rather than in a preexec_fn: that runs Python between fork
+    and exec, which can deadlock once the launcher has threads (gRPC's, from its health checks)."""
+    pid = os.environ.pop(LAUNCHER_PID_ENV, None)
+    if pid is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(pid):  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def grpc_healthy(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    healthy: Callable[[], bool]
+    # Children of one stage start together; each stage waits for the previous one to be healthy.
+    stage: int = 0
+    env: dict[str, str] | None = None
+    # Its Prometheus port (--metrics), else None.
+    metrics_port: int | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log.info("starting", extra={"child": self.name, "argv": self.argv, "env": self.env or {}})
+        env = {**os.environ, **(self.env or {}), LAUNCHER_PID_ENV: str(os.getpid())}
+        self.process = subprocess.Popen(self.argv, env=env)
+
+    @property
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+
+class Stack:
+    def __init__(self, children: list[Child]) -> None:
+        self.children = children
+        self.stopping = False
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def start(self, timeout_s: float) -> bool:
+        """Start children in order, each healthy before the next; False if stopped or one failed."""
+        deadline = time.monotonic() + timeout_s
+        for stage in sorted({c.stage for c in self.children}):
+            group = [c for c in self.children if c.stage == stage]
+            for child in group:
+                child.start()
+            pending = list(group)
+            while pending:
+                if self.stopping or self._dead_child() is not None:
+                    return False
+                if time.monotonic() > deadline:
+                    log.error("startup timed out", extra={"waiting_for": [c.name for c in pending]})
+                    return False
+                pending = [c for c in pending if not c.healthy()]
+                if pending:
+                    time.sleep(0.25)
+        return True
+
+    def wait(self) -> None:
+        while not self.stopping:
+            dead = self._dead_child()
+            if dead is not None:
+                log.error("child exited", extra={"child": dead.name, "returncode": dead.exited})
+                return
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        running = [c for c in reversed(self.children) if c.process is not None and c.exited is None]
+        for child in running:
+            assert child.process is not None
+            child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in running:
+            assert child.process is not None
+            try:
+                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("killing child that ignored SIGTERM", extra={"child": child.name})
+                child.process.kill()
+                child.process.wait()
+
+    def _dead_child(self) -> Child | None:
+        return next((c for c in self.children if c.exited is not None), None)
