@@ -12,7 +12,7 @@ vLLM and SGLang.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.errors import invalid_request, unsupported
 from gateway.protocol import (
@@ -91,23 +91,9 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
     sampling = _openai_sampling(req, max_tokens, budget)
     msg = _base_request(request_id, req.model, req.add_special_tokens, req.priority, sampling, logprobs)
     msg.separate_reasoning = req.separate_reasoning is not False
-    msg.chat.messages.extend(_chat_message(m, i) for i, m in enumerate(req.messages))
-    options = msg.chat.options
-    if req.continue_final_message:
-        if req.add_generation_prompt:
-            raise invalid_request(
-                "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message"
-            )
-        options.continue_final_message = True
-        options.add_generation_prompt = False
-    elif req.add_generation_prompt is not None:
-        options.add_generation_prompt = req.add_generation_prompt
-    if req.chat_template is not None:
-        options.chat_template = req.chat_template
-    if req.chat_template_kwargs:
-        options.chat_template_kwargs.update(req.chat_template_kwargs)
+    fill_chat_input(msg.chat, req.messages, req)
     for document in req.documents or []:
-        options.documents.add().update(document)
+        msg.chat.options.documents.add().update(document)
     apply_tools(req, msg)
     return msg
 
@@ -251,9 +237,34 @@ def _chat_message(message: ChatMessageIn, index: int) -> common_pb2.ChatMessage:
     return out
 
 
-def chat_messages(messages: Sequence[ChatMessageIn]) -> list[common_pb2.ChatMessage]:
-    """Chat messages as the proto carries them (for `/tokenize`); 400 for a message without content."""
-    return [_chat_message(m, i) for i, m in enumerate(messages)]
+class ChatTemplateFields(Protocol):
+    """The chat template options `/v1/chat/completions` and `/tokenize` share."""
+
+    add_generation_prompt: bool | None
+    continue_final_message: bool | None
+    chat_template: str | None
+    chat_template_kwargs: dict[str, Any] | None
+
+
+def fill_chat_input(chat: common_pb2.ChatInput, messages: Sequence[ChatMessageIn], body: ChatTemplateFields) -> None:
+    """Messages and template options onto `chat`; 400 for a message without content, or for
+    continue_final_message together with add_generation_prompt. Unset options keep the tokenizer's
+    defaults (add_generation_prompt true)."""
+    chat.messages.extend(_chat_message(m, i) for i, m in enumerate(messages))
+    options = chat.options
+    if body.continue_final_message:
+        if body.add_generation_prompt:
+            raise invalid_request(
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message"
+            )
+        options.continue_final_message = True
+        options.add_generation_prompt = False
+    elif body.add_generation_prompt is not None:
+        options.add_generation_prompt = body.add_generation_prompt
+    if body.chat_template is not None:
+        options.chat_template = body.chat_template
+    if body.chat_template_kwargs:
+        options.chat_template_kwargs.update(body.chat_template_kwargs)
 
 
 def chat_echo(req: ChatCompletionRequest) -> str:

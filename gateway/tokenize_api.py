@@ -20,7 +20,7 @@ from pydantic import Field
 
 from gateway import convert
 from gateway.errors import invalid_request
-from gateway.protocol import U32, ChatMessageIn, _Body
+from gateway.protocol import U32, ChatMessageIn, ToolDefinition, _Body
 from gateway.request_id import begin
 from gateway.router_client import router_of
 from turnout.v1 import inference_pb2
@@ -41,6 +41,8 @@ class TokenizeRequest(_Body):
     continue_final_message: bool | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Rendered by the chat template, as in a chat request (vLLM's /tokenize takes them too).
+    tools: list[ToolDefinition] | None = None
 
 
 class DetokenizeRequest(_Body):
@@ -58,21 +60,11 @@ def _tokenize_request(body: TokenizeRequest, text: str | None) -> inference_pb2.
             request.add_special_tokens = body.add_special_tokens
         return request
     assert body.messages is not None
-    request.chat.messages.extend(convert.chat_messages(body.messages))
-    options = request.chat.options
-    if body.continue_final_message:
-        if body.add_generation_prompt:
-            raise invalid_request(
-                "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message"
-            )
-        options.continue_final_message = True
-        options.add_generation_prompt = False
-    else:
-        options.add_generation_prompt = body.add_generation_prompt is not False
-    if body.chat_template is not None:
-        options.chat_template = body.chat_template
-    if body.chat_template_kwargs:
-        options.chat_template_kwargs.update(body.chat_template_kwargs)
+    convert.fill_chat_input(request.chat, body.messages, body)
+    if not request.chat.options.HasField("add_generation_prompt"):
+        request.chat.options.add_generation_prompt = True  # vLLM's /tokenize default, stated on the wire
+    for tool in body.tools or []:
+        request.chat.options.tools.add().update(tool.model_dump(exclude_none=True))
     request.add_special_tokens = bool(body.add_special_tokens)
     return request
 

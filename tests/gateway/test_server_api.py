@@ -81,6 +81,14 @@ async def test_tokenize_prompt_batch_and_messages(client: httpx.AsyncClient, fak
     await client.post("/tokenize", json=cont)
     assert fake_router.tokenize_requests[-1].chat.options.continue_final_message
 
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with_tools = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    assert (await client.post("/tokenize", json=with_tools)).status_code == 200
+    # The template renders the tools, as for a chat request.
+    assert [dict(t) for t in fake_router.tokenize_requests[-1].chat.options.tools] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+
 
 async def test_tokenize_bad_requests(client: httpx.AsyncClient) -> None:
     both = await client.post("/tokenize", json={"prompt": "x", "messages": [{"role": "user", "content": "x"}]})
