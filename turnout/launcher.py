@@ -259,10 +259,14 @@ def run(args: argparse.Namespace) -> int:
             return 0 if stack.stopping else 1
         url = f"http://{args.host}:{args.port}"
         name = args.served_model_name[0] if args.served_model_name else model.name
-        print(f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)", flush=True)
-        for child in stack.children:
-            if child.metrics_port is not None:
-                print(f"  {child.name} metrics: http://127.0.0.1:{child.metrics_port}/metrics", flush=True)
+        lines = [f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)"]
+        lines += [
+            f"  {child.name} metrics: http://127.0.0.1:{child.metrics_port}/metrics"
+            for child in stack.children
+            if child.metrics_port is not None
+        ]
+        # One write: whoever waits for the ready line sees the metrics addresses with it.
+        print("\n".join(lines), flush=True)
         stack.wait()
         return 0 if stack.stopping else 1
     finally:

@@ -17,6 +17,7 @@ from turnout.child_processes import free_port
 from turnout.v1 import engine_pb2, engine_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
+READY_LINE = b"Turnout is serving "
 
 
 @dataclass
@@ -77,7 +78,10 @@ def start_stack(model: Path, log_path: Path, *extra: str, timeout_s: float = 240
         if process.poll() is not None:
             raise RuntimeError(f"turnout serve exited with {process.returncode}:\n{stack.log()}")
         try:
-            if httpx.get(f"{stack.base_url}/health", timeout=1.0).status_code == 200:
+            # The launcher's ready line comes after its own health checks of every child: a
+            # healthy gateway alone may answer before the launcher has said where things are.
+            healthy = httpx.get(f"{stack.base_url}/health", timeout=1.0).status_code == 200
+            if healthy and READY_LINE in log_path.read_bytes():
                 return stack
         except httpx.HTTPError:
             pass
