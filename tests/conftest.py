@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels are tested in Triton's interpreter on CPU tensors. Triton reads
+# this when a kernel is defined, so it is set before any test module imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.models import build_tiny_llama, build_tiny_thinking_llama
 from turnout.default_model import prepare_default_model

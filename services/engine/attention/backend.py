@@ -1,13 +1,14 @@
 """The attention-backend interface: store new K/V in the paged cache, attend over it.
 
 Implementations: `torch_backend.TorchAttentionBackend` (portable, CPU and CUDA,
-the reference in tests); Triton kernels for CUDA plug in here later.
+the reference in tests) and `triton_backend.TritonAttentionBackend` (the kernels
+of services/engine/kernels/, for CUDA; interpreted on CPU in tests).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -47,6 +48,12 @@ class KVCache:
 
 
 class AttentionBackend(ABC):
+    # True when a decode-only forward reads only tensors of its ForwardContext (never the host
+    # lists query_lens_cpu / seq_lens_cpu or values derived from them) and launches the same
+    # work for the same tensor shapes: it can then be captured in a CUDA graph and replayed
+    # with new tensor contents.
+    graph_safe_decode: ClassVar[bool] = False
+
     def __init__(self, kv_cache: KVCache, scale: float) -> None:
         self.kv_cache = kv_cache
         self.scale = scale
