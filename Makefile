@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -54,6 +54,12 @@ bench-router: model
 # Per-step cost of grammar masking: 32 JSON-schema-constrained vs 32 unconstrained decodes (docs/benchmarks.md).
 bench-grammar: model
 	$(PY) -m benchmarks.bench_grammar $(ARGS)
+
+# The CUDA path against the GPU's measured bandwidth and matmul floors: batch-1 decode, throughput at
+# 64/256 requests, time to first token, CUDA graphs on/off, transformers baseline, kernels (docs/benchmarks.md).
+# Needs a GPU and no model download (random weights); ARGS=--smoke checks it on CPU in seconds.
+bench-cuda: install
+	$(PY) -m benchmarks.bench_cuda $(ARGS)
 
 bench: bench-engine bench-router
 
