@@ -26,7 +26,9 @@ MAX_DIM = 32768  # a whole row lives in one program's registers
 ELEMENTS_PER_PROGRAM = 4096  # rows of dim < this share a program, up to this many elements
 
 
-@triton.jit
+# One compiled variant per (dim, dtype, strides) whatever the row count, so a CUDA-graph capture
+# over many batch sizes never compiles mid-capture once one size has run.
+@triton.jit(do_not_specialize=["rows"])
 def _rms_norm_kernel(
     x_ptr,
     residual_ptr,
@@ -102,7 +104,7 @@ def _launch(
     if rows == 0:
         return out, summed
     block_dim = triton.next_power_of_2(dim)
-    block_rows = min(max(1, ELEMENTS_PER_PROGRAM // block_dim), triton.next_power_of_2(rows))
+    block_rows = max(1, ELEMENTS_PER_PROGRAM // block_dim)
     _rms_norm_kernel[(triton.cdiv(rows, block_rows),)](
         x3,
         residual3,

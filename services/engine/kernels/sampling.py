@@ -23,8 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+# Tiles are ELEMENTS_PER_TILE elements, BLOCK_COLUMNS from MIN_ to MAX_BLOCK_COLUMNS wide: eight
+# compiled variants cover every shape (widths vary step to step with compaction).
+MIN_BLOCK_COLUMNS = 8
 MAX_BLOCK_COLUMNS = 1024
-ELEMENTS_PER_TILE = 2048  # narrow rows share a program, up to this many elements per tile
+ELEMENTS_PER_TILE = 2048
 MIN_SPLIT_COLUMNS = 4096  # a split covers at least this many columns
 TARGET_PROGRAMS = 512  # rows are split until about this many programs run (a few per SM)
 # Triton's tl.rand maps a 31-bit integer k to k * this (the largest float32 scale with
@@ -35,7 +38,7 @@ MAX_SEED = 2**63
 MAX_OFFSET = 2**62  # offset + R * W stays a non-negative int64
 
 
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["rows", "seed", "offset"])
 def _race_kernel(
     logits_ptr,
     best_score_ptr,
@@ -92,8 +95,8 @@ def exponential_race_argmax(
     rows, width = logits.shape
     if rows == 0 or width == 0:
         return torch.zeros(rows, dtype=torch.int64, device=logits.device)
-    block_columns = min(triton.next_power_of_2(width), MAX_BLOCK_COLUMNS)
-    block_rows = min(triton.next_power_of_2(rows), max(1, ELEMENTS_PER_TILE // block_columns))
+    block_columns = min(max(triton.next_power_of_2(width), MIN_BLOCK_COLUMNS), MAX_BLOCK_COLUMNS)
+    block_rows = ELEMENTS_PER_TILE // block_columns
     row_programs = triton.cdiv(rows, block_rows)
     if split_columns is None:
         wanted_splits = max(1, TARGET_PROGRAMS // row_programs)
@@ -116,7 +119,7 @@ def exponential_race_argmax(
         offset,
         BLOCK_ROWS=block_rows,
         BLOCK_COLUMNS=block_columns,
-        num_warps=4 if block_rows * block_columns >= 1024 else 1,
+        num_warps=4,
     )
     if splits == 1:
         return best_column.squeeze(1)
