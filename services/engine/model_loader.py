@@ -12,6 +12,7 @@ import torch
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.config import EngineConfig
+from services.engine.models.layers import enable_fused_kernels
 from services.engine.models.weights import build_model
 from turnout.v1 import common_pb2
 
@@ -84,6 +85,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     declared = _read_json(config.model / "config.json")
     dtype = pick_dtype(config.dtype, device, declared.get("torch_dtype") or declared.get("dtype"))
     model, hf_config = build_model(config.model, dtype, device)
+    if device.type == "cuda":
+        enable_fused_kernels(model)  # RMSNorm and rotary as Triton kernels; CPU keeps the torch ops
     context = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:
         if config.max_model_len > context:

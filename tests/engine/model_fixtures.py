@@ -86,6 +86,7 @@ class PagedSequences:
     num_blocks: int = 64
     block_size: int = 4
     seed: int = 0
+    device: str = "cpu"
     cache: KVCache = field(init=False)
     backend: TorchAttentionBackend = field(init=False)
     lengths: dict[str, int] = field(default_factory=dict)
@@ -101,7 +102,7 @@ class PagedSequences:
             spec.num_kv_heads,
             spec.head_dim,
             dtype,
-            torch.device("cpu"),
+            torch.device(self.device),
         )
         poison(self.cache)
         self.backend = TorchAttentionBackend(self.cache, spec.attention_scale)
@@ -117,8 +118,10 @@ class PagedSequences:
                 owned.append(self._free.pop())
             seqs.append(SequenceSlice(cached, len(tokens), list(owned)))
             self.lengths[name] = cached + len(tokens)
-        ctx = build_context(self.backend, seqs)
-        input_ids = torch.tensor([t for tokens in chunks.values() for t in tokens], dtype=torch.int64)
+        ctx = build_context(self.backend, seqs, self.device)
+        input_ids = torch.tensor(
+            [t for tokens in chunks.values() for t in tokens], dtype=torch.int64, device=self.device
+        )
         with torch.inference_mode():
             logits = self.model.compute_logits(self.model(input_ids, ctx.positions, ctx))  # (T, vocab)
         return dict(zip(chunks, logits.split(ctx.query_lens_cpu), strict=True))

@@ -4,16 +4,23 @@ Numerics follow Hugging Face `transformers` (same dtype at each step), so greedy
 output can match it token for token: RMSNorm normalises in float32 and casts back
 before the weight; rotary cos/sin are computed in float32 and applied in the
 activation dtype.
+
+`enable_fused_kernels(model)` switches a model's RMSNorms and rotary embedding to the Triton
+kernels of services/engine/kernels/ (same numerics, fewer launches, no host syncs); the loader
+does it on CUDA. The torch ops stay the default everywhere else and the reference for tests.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from services.engine.kernels import triton_runs_on
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -23,15 +30,24 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = False  # kernels.rms_norm instead of the torch ops; see enable_fused_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., dim) -> normalised (..., dim), same dtype."""
+        if self.fused:
+            from services.engine.kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual add, then norm (one call a fused kernel can replace): (norm(x + residual), x + residual)."""
+        if self.fused:
+            from services.engine.kernels.rms_norm import fused_add_rms_norm
+
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         summed = x + residual  # (T, dim)
         return self.forward(summed), summed
 
@@ -78,6 +94,23 @@ def _llama3_scaled(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tens
     return torch.where(medium, smoothed, scaled)
 
 
+@dataclass(frozen=True)
+class Rotation:
+    """The rotary embedding of one model forward's tokens, shared by every layer."""
+
+    positions: torch.Tensor  # (T,) int64
+    inv_freq: torch.Tensor  # (D/2,) float32
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None  # (T, D/2) float32 each; None: fused kernel
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (T, Hq, D), k (T, Hkv, D) -> both rotated by position, new tensors of the same dtype."""
+        if self.cos_sin is None:
+            from services.engine.kernels.rotary import rotary_embedding
+
+            return rotary_embedding(q, k, self.positions, self.inv_freq)
+        return apply_rotary(q, *self.cos_sin), apply_rotary(k, *self.cos_sin)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding in the rotate-half layout, applied at arbitrary positions
     (a batch mixes sequences, and chunks start mid-sequence)."""
@@ -88,11 +121,15 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         # Kept in float32 on whatever device the model lives on; not part of the checkpoint.
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, params), persistent=False)
+        self.fused = False  # kernels.rotary instead of the torch ops; see enable_fused_kernels
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (T,) int64 -> cos, sin (T, D/2) float32, computed once per model forward."""
+    def forward(self, positions: torch.Tensor) -> Rotation:
+        """positions (T,) int64 -> the rotation of one model forward, shared by every layer. The torch
+        path computes cos, sin (T, D/2) float32 here, once; the fused kernel computes them per call."""
+        if self.fused:
+            return Rotation(positions, self.inv_freq, None)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        return freqs.cos(), freqs.sin()
+        return Rotation(positions, self.inv_freq, (freqs.cos(), freqs.sin()))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -163,3 +200,15 @@ class LMHead(nn.Module):
         """hidden (N, hidden) -> logits (N, vocab) float32 (matmul in the model dtype, like transformers)."""
         weight = self.tied_to[0].weight if self.tied_to else self.weight
         return F.linear(hidden, weight).float()
+
+
+def enable_fused_kernels(model: nn.Module, enabled: bool = True) -> None:
+    """Run every RMSNorm and rotary embedding of `model` through the Triton kernels (or, with
+    enabled=False, the torch ops again). Raises ValueError where Triton cannot run on the model's
+    device (CPU needs TRITON_INTERPRET=1, which is only for tests: the interpreter is slow)."""
+    device = next(model.parameters()).device
+    if enabled and not triton_runs_on(device):
+        raise ValueError(f"fused kernels need a CUDA device, or TRITON_INTERPRET=1 on CPU; the model is on {device}")
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, RotaryEmbedding)):
+            module.fused = enabled

@@ -25,7 +25,7 @@ from services.engine.models.layers import (
     QKVLinear,
     RMSNorm,
     RotaryEmbedding,
-    apply_rotary,
+    Rotation,
     rope_parameters,
 )
 
@@ -72,13 +72,11 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
 
-    def forward(
-        self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: Rotation, ctx: ForwardContext) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden)  # (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k = rope.rotate(q, k)
         out = ctx.attention(self.layer_index, q, k, v)  # (T, Hq, D)
         return self.o_proj(out.flatten(1))  # (T, hidden)
 
@@ -95,7 +93,7 @@ class LlamaDecoderLayer(nn.Module):
         self,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: Rotation,
         ctx: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm block. `residual` is the running sum of the stream; the previous block's
@@ -119,7 +117,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # (T, hidden)
-        rope = self.rotary(positions)  # cos, sin (T, D/2), shared by every layer
+        rope = self.rotary(positions)  # shared by every layer
         residual: torch.Tensor | None = None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, rope, ctx)

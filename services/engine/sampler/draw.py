@@ -7,7 +7,10 @@ as argmax_i (logit_i - log q_i), the same race without the softmax, so the resul
 depend on how a softmax would have summed the row, and make q_i = -log u_i from uniforms
 (cheaper than `exponential_` on CPU).
 
-Unseeded rows share one batched draw from torch's default RNG on the logits' device. A seeded row
+Unseeded rows share one batched draw from torch's default RNG on the logits' device; on CUDA, when
+no row is seeded, that draw is one fused kernel instead (kernels/sampling.py: Philox noise made
+in-kernel, never materialised), keyed each step by two ints from torch's CPU default generator, so
+torch.manual_seed still fixes it and nothing waits for the GPU. A seeded row
 draws from its own CPU generator (moved to the device afterwards), so its token depends only on
 its own logits and generator state, never on the other rows of the batch or their order.
 
@@ -34,6 +37,8 @@ def exponential_race(c: Candidates, generators: Sequence[torch.Generator | None]
     device = c.values.device
     seeded = [i for i, g in enumerate(generators) if g is not None]
     unseeded = [i for i, g in enumerate(generators) if g is None]
+    if not seeded and fused_draw_runs_on(device):
+        return c.token_ids(_fused_race(c.values))
     if not seeded:
         uniforms = torch.empty(rows, width, device=device).uniform_()  # (R, W)
     else:
@@ -51,6 +56,20 @@ def exponential_race(c: Candidates, generators: Sequence[torch.Generator | None]
     log_q = uniforms.log_().neg_().log_()  # (R, W): log of q = -log u ~ Exp(1); u = 0 gives +inf
     scores = c.values - log_q  # (R, W); -inf logits stay -inf
     return c.token_ids(scores.argmax(dim=-1))
+
+
+def fused_draw_runs_on(device: torch.device) -> bool:
+    """Whether an all-unseeded draw goes through the fused kernel: on CUDA only (on CPU its
+    interpreter would crawl, and the torch draw is the portable reference)."""
+    return device.type == "cuda"
+
+
+def _fused_race(values: torch.Tensor) -> torch.Tensor:
+    """values (R, W) -> (R,) long columns, drawn by the fused kernel with a fresh per-step key."""
+    from services.engine.kernels.sampling import MAX_OFFSET, exponential_race_argmax
+
+    seed, offset = torch.randint(MAX_OFFSET, (2,)).tolist()  # CPU default generator: no device sync
+    return exponential_race_argmax(values, seed, offset)
 
 
 def row_uniforms(
