@@ -137,14 +137,22 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
-    """The generation options of `turnout serve` passed on to every `turnout engine`."""
+    """The generation and runtime options of `turnout serve` passed on to every `turnout engine`."""
     flags: list[str] = []
-    for name in ("max_model_len", "grammar_max_whitespace", "think_start_token", "think_end_token"):
+    for name in (
+        "max_model_len",
+        "grammar_max_whitespace",
+        "think_start_token",
+        "think_end_token",
+        "gpu_memory_utilization",
+        "cuda_graph_max_bs",
+    ):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
-    if args.enable_custom_logit_processor:
-        flags.append("--enable-custom-logit-processor")
+    for switch in ("enable_custom_logit_processor", "disable_cuda_graph"):
+        if getattr(args, switch):
+            flags.append(f"--{switch.replace('_', '-')}")
     return flags
 
 
@@ -210,6 +218,21 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--enable-custom-logit-processor",
         action="store_true",
         help="engine: accept serialized custom logit processors (runs client code: trusted clients only)",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="engine, CUDA: share of the device's memory in use once the KV pool is allocated (engine default: 0.9)",
+    )
+    parser.add_argument(
+        "--disable-cuda-graph", action="store_true", help="engine: run decode steps eagerly, without CUDA graphs"
+    )
+    parser.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="engine: largest decode batch replayed from a CUDA graph (engine default: running cap, at most 256)",
     )
     parser.add_argument(
         "--reasoning-parser",

@@ -12,6 +12,7 @@ DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
 SAMPLING_DEFAULTS = ("model", "openai")
 LOGPROBS_MODES = ("processed", "raw")
+DEFAULT_CUDA_GRAPH_MAX_BS = 256
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,13 @@ class EngineConfig:
     # Requests allowed to wait for their turn before new ones are refused (RESOURCE_EXHAUSTED).
     max_waiting_requests: int = 1024
     # KV cache: tokens per block, and its size as a block count or a memory budget (GiB).
-    # Neither given: a share of free memory (see kv_cache_sizing).
+    # Neither given: on CUDA what a profiling pass leaves of gpu_memory_utilization of the device,
+    # on CPU a share of free RAM (see kv_cache_sizing).
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_gib: float | None = None
+    # Share of the CUDA device's total memory in use (by anyone) once the KV pool is allocated.
+    gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     # Scheduler: tokens computed per step (prefill chunks share it with decodes) and running requests.
     max_num_batched_tokens: int = 2048
@@ -54,6 +58,10 @@ class EngineConfig:
     enable_custom_logit_processor: bool = False
     # Port of the Prometheus /metrics HTTP endpoint (None: not served).
     metrics_port: int | None = None
+    # CUDA graphs for decode-only batches (CUDA and a graph-safe attention backend only), captured for
+    # batch sizes up to cuda_graph_max_bs (None: see cuda_graph_batch_limit).
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -77,17 +85,29 @@ class EngineConfig:
             "--max-num-batched-tokens": self.max_num_batched_tokens,
             "--max-running-requests": self.max_running_requests,
             "--grammar-max-whitespace": self.grammar_max_whitespace,
+            "--cuda-graph-max-bs": self.cuda_graph_max_bs,
         }
         for flag, value in positive.items():
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be positive, got {value}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not self.think_start_token or not self.think_end_token:
             raise ValueError("--think-start-token and --think-end-token must not be empty")
         if self.max_waiting_requests < 0:
             raise ValueError("--max-waiting-requests must be >= 0")
         check_metrics_port(self.metrics_port)
+
+    @property
+    def cuda_graph_batch_limit(self) -> int:
+        """Largest decode batch replayed from a CUDA graph. By default the running cap, at most 256
+        (vLLM's and SGLang's usual largest sizes lie between 256 and 512: beyond that a decode step is
+        long enough that launch overhead hardly shows). Never above the step's token budget, which
+        no decode batch can exceed."""
+        wanted = self.cuda_graph_max_bs or min(self.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS)
+        return min(wanted, self.max_num_batched_tokens)
 
     @property
     def model_name(self) -> str:

@@ -1,45 +1,92 @@
 """How many KV blocks the pool gets.
 
-In order: `--num-kv-blocks`; else `--kv-cache-memory` GiB; else a share of the
-memory that is free now (on CPU a fifth of available RAM, at most 4 GiB; on
-CUDA 90% of free device memory after the weights, until the GPU work brings a
-profiling pass). Never more than the running cap times the context can use.
+In order: `--num-kv-blocks`; else `--kv-cache-memory` GiB; else what the device has room for:
+- CPU: a fifth of the RAM available now, at most 4 GiB;
+- CUDA: a profiling pass (memory_profile.py) measures what the device holds besides the pool at
+  the worst moment of a step, and the pool gets the rest of `--gpu-memory-utilization` of the
+  device's total memory:
+
+      pool = total * utilization - (in use after the weights   [weights, CUDA context, others]
+                                    + activation peak            [largest prefill step + logits]
+                                    + sampler working set        [estimated]
+                                    + decode graphs' pool        [when captured]
+                                    + the zero and scratch blocks)
+
+  Everything on the device counts, other processes too: utilization is the share of the whole
+  device in use once the engine runs, not this engine's share.
+Never more than the running cap times the context can use.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 
-import torch
-
+from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.config import EngineConfig
+from services.engine.memory_profile import MemoryProfile, profile_memory
 from services.engine.model_loader import LoadedModel
+
+log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 CPU_SHARE = 0.2
 CPU_CAP_BYTES = 4 * GIB
-CUDA_SHARE = 0.9
 
 
-def _available_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * CUDA_SHARE)
+def cpu_budget_bytes() -> int:
     pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return int(min(pages * CPU_SHARE, CPU_CAP_BYTES))
 
 
-def num_kv_blocks(config: EngineConfig, loaded: LoadedModel) -> int:
+def profiled_budget_bytes(profile: MemoryProfile, utilization: float, bytes_per_block: int) -> int:
+    """Bytes the pool's managed blocks may take (see the module docstring); ValueError when they
+    cannot take one block."""
+    extra = KVCache.NUM_EXTRA_BLOCKS * bytes_per_block
+    allowed = int(profile.total_bytes * utilization)
+    budget = allowed - profile.non_kv_bytes - extra
+    if budget < bytes_per_block:
+        raise ValueError(
+            f"no room for the KV cache: --gpu-memory-utilization {utilization} allows {_gib(allowed)} of "
+            f"the device's {_gib(profile.total_bytes)}, and {_gib(profile.in_use_bytes)} is in use after "
+            f"the weights (CUDA context and other processes included), a step's activations take "
+            f"{_gib(profile.activation_bytes)}, sampling {_gib(profile.sampler_bytes)}, CUDA graphs "
+            f"{_gib(profile.graph_bytes)}, leaving {_gib(budget)} for blocks of {bytes_per_block} bytes; "
+            "raise --gpu-memory-utilization or lower --max-num-batched-tokens (or --cuda-graph-max-bs, "
+            "--max-running-requests)"
+        )
+    return budget
+
+
+def num_kv_blocks(config: EngineConfig, loaded: LoadedModel, make_backend: Callable[[int], AttentionBackend]) -> int:
+    """make_backend(num_blocks) builds the engine's backend over a new cache (the CUDA profile's probe)."""
     useful = -(-config.max_running_requests * loaded.max_model_len // config.block_size)
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = loaded.kv_bytes_per_block(config.block_size)
-    budget = (
-        int(config.kv_cache_memory_gib * GIB)
-        if config.kv_cache_memory_gib is not None
-        else _available_bytes(loaded.device)
-    )
+    if config.kv_cache_memory_gib is not None:
+        budget = int(config.kv_cache_memory_gib * GIB)
+    elif loaded.device.type == "cuda":
+        profile = profile_memory(config, loaded, make_backend)
+        log.info(
+            "device memory profiled",
+            extra={
+                "total": _gib(profile.total_bytes),
+                "in_use": _gib(profile.in_use_bytes),
+                "activations": _gib(profile.activation_bytes),
+                "sampler": _gib(profile.sampler_bytes),
+                "cuda_graphs": _gib(profile.graph_bytes),
+            },
+        )
+        budget = profiled_budget_bytes(profile, config.gpu_memory_utilization, per_block)
+    else:
+        budget = cpu_budget_bytes()
     blocks = min(budget // per_block, useful)
     if blocks < 1:
         raise ValueError(f"the KV cache budget of {budget} bytes holds no block of {per_block} bytes")
     return int(blocks)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"

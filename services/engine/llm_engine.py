@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
+from services.engine.attention.backend import AttentionBackend
 from services.engine.block_manager import BlockManager
 from services.engine.config import EngineConfig
+from services.engine.cuda_graphs import build_decode_graphs
 from services.engine.grammar.compiler import GrammarCompiler
 from services.engine.grammar.state import GrammarState
 from services.engine.kv_cache_sizing import num_kv_blocks
@@ -44,7 +46,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded or load_model(config)
-        blocks = num_kv_blocks(config, self.loaded)
+        blocks = num_kv_blocks(config, self.loaded, self._make_backend)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -52,8 +54,14 @@ class LLMEngine:
             max_running_requests=config.max_running_requests,
             policy=cast(Policy, config.scheduling_policy),  # validated by EngineConfig
         )
-        backend = self.loaded.make_backend(blocks, config.block_size)
-        self.runner = ModelRunner(self.loaded.model, backend, config.block_size, self.loaded.device)
+        backend = self._make_backend(blocks)
+        log.info(
+            "kv cache ready",
+            extra={"blocks": blocks, "block_size": config.block_size, "tokens": blocks * config.block_size},
+        )
+        # Captured after the KV cache exists: the graphs record its addresses.
+        graphs = build_decode_graphs(config, self.loaded, backend)
+        self.runner = ModelRunner(self.loaded.model, backend, config.block_size, self.loaded.device, graphs)
         self._groups: dict[str, SequenceGroup] = {}
         # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
         self.vocab = ModelVocab(config.model, self.loaded.vocab_size, self.loaded.eos_token_ids)
@@ -64,10 +72,9 @@ class LLMEngine:
             think_start_token=config.think_start_token,
             think_end_token=config.think_end_token,
         )
-        log.info(
-            "kv cache ready",
-            extra={"blocks": blocks, "block_size": config.block_size, "tokens": blocks * config.block_size},
-        )
+
+    def _make_backend(self, num_blocks: int) -> AttentionBackend:
+        return self.loaded.make_backend(num_blocks, self.config.block_size)
 
     # -- requests -------------------------------------------------------------
 

@@ -25,7 +25,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
     kv.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV pool size in GiB")
+    kv.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="CUDA: share of the device's total memory in use (by anyone) once the KV pool is allocated; "
+        "the pool gets what a profiling pass leaves (default: 0.9)",
+    )
     kv.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    graphs = parser.add_argument_group("CUDA graphs")
+    graphs.add_argument(
+        "--disable-cuda-graph", action="store_true", help="run decode steps eagerly instead of replaying CUDA graphs"
+    )
+    graphs.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most 256)",
+    )
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
     sched.add_argument("--max-running-requests", type=int, default=256)
@@ -81,6 +98,7 @@ def run(args: argparse.Namespace) -> None:
             block_size=args.block_size,
             num_kv_blocks=args.num_kv_blocks,
             kv_cache_memory_gib=args.kv_cache_memory,
+            gpu_memory_utilization=args.gpu_memory_utilization,
             enable_prefix_caching=not args.no_prefix_caching,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_running_requests=args.max_running_requests,
@@ -93,6 +111,8 @@ def run(args: argparse.Namespace) -> None:
             think_end_token=args.think_end_token,
             enable_custom_logit_processor=args.enable_custom_logit_processor,
             metrics_port=args.metrics_port,
+            disable_cuda_graph=args.disable_cuda_graph,
+            cuda_graph_max_bs=args.cuda_graph_max_bs,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None

@@ -1,7 +1,9 @@
 """Builds one step's batch tensors, runs the model, returns the logits to sample from.
 
 Only sequences whose computed tokens reach their last token this step get
-logits (a prefill chunk that ends mid-prompt produces none).
+logits (a prefill chunk that ends mid-prompt produces none). With decode graphs
+(cuda_graphs.py), a decode-only batch they fit replays a CUDA graph instead of
+running the model eagerly; any other batch runs eagerly.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from services.engine.attention.backend import AttentionBackend
 from services.engine.attention.context import ForwardContext
 from services.engine.block_manager import BlockManager
+from services.engine.cuda_graphs import DecodeGraphs
 from services.engine.scheduler import ScheduledSequence
 from services.engine.sequence import Sequence
 
@@ -47,12 +50,18 @@ class StepLogits:
 
 class ModelRunner:
     def __init__(
-        self, model: torch.nn.Module, backend: AttentionBackend, block_size: int, device: torch.device
+        self,
+        model: torch.nn.Module,
+        backend: AttentionBackend,
+        block_size: int,
+        device: torch.device,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
         self.block_size = block_size
         self.device = device
+        self.graphs = graphs
 
     def build_batch(self, scheduled: list[ScheduledSequence], block_manager: BlockManager) -> Batch:
         bs = self.block_size
@@ -106,6 +115,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepLogits:
         """Logits for batch.sample_seqs, in that order, and the hidden states of prompt-logprob rows."""
+        if self.graphs is not None and not batch.prompt_rows and self.graphs.fits(batch.context):
+            return self._run_graph(batch, self.graphs)
         hidden = self.model(batch.input_ids, batch.context.positions, batch.context)  # (T, hidden)
         prompt_hidden = None
         if batch.prompt_rows:
@@ -114,6 +125,15 @@ class ModelRunner:
         if not batch.sample_seqs:
             return StepLogits(torch.empty(0, device=self.device), prompt_hidden)
         return StepLogits(self.model.compute_logits(hidden[batch.sample_rows]), prompt_hidden)  # type: ignore[operator]
+
+    def _run_graph(self, batch: Batch, graphs: DecodeGraphs) -> StepLogits:
+        logits = graphs.run(batch.input_ids, batch.context)  # (B, V), row b = sequence b
+        if not batch.sample_seqs:
+            return StepLogits(torch.empty(0, device=self.device), None)
+        if len(batch.sample_seqs) < len(logits):
+            # A one-token prefill chunk that ends mid-prompt has a row but samples nothing.
+            logits = logits[batch.sample_rows]
+        return StepLogits(logits, None)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -164,6 +164,15 @@ def test_dtype_choice(name: str, device: str, declared: str, expected: torch.dty
     assert pick_dtype(name, torch.device(device), declared) == expected
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_loads_bfloat16_weights_straight_onto_the_device(tiny_model_dir: Path) -> None:
+    on_gpu = load_model(EngineConfig(model=tiny_model_dir))  # device and dtype auto; the checkpoint is float32
+    assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.bfloat16
+    assert all(p.device.type == "cuda" and p.dtype == torch.bfloat16 for p in on_gpu.model.parameters())
+    # Rotary frequencies stay float32, on the device too.
+    assert all(b.device.type == "cuda" and b.dtype == torch.float32 for b in on_gpu.model.buffers())
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [

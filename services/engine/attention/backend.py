@@ -17,12 +17,20 @@ if TYPE_CHECKING:
 
 
 class KVCache:
-    """Preallocated paged K/V pools, one pair per layer: (num_blocks + 1, block_size, num_kv_heads, head_dim).
+    """Preallocated paged K/V pools, one pair per layer: (num_blocks + 2, block_size, num_kv_heads, head_dim).
 
-    Blocks 0 .. num_blocks-1 belong to the block manager. The extra last block is never
-    handed out or written: it stays zero, so a backend can point padding at `null_slot`
-    and read zeros instead of another request's stale (possibly NaN) K/V.
+    block               owner            contents
+    0 .. num_blocks-1   block manager    K/V of the requests
+    num_blocks          nobody           zero, never written: read through `null_slot` by
+                                         padding, instead of another request's stale
+                                         (possibly NaN) K/V
+    num_blocks + 1      nobody           scratch, written only and never read: the K/V of
+                                         padded rows (a CUDA graph's unused rows) go to
+                                         `scratch_slot`, so they cannot dirty the zero block
     """
+
+    # Blocks past the block manager's: the zero block and the scratch block.
+    NUM_EXTRA_BLOCKS: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -34,12 +42,14 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
+        shape = (num_blocks + self.NUM_EXTRA_BLOCKS, block_size, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.null_block = num_blocks
         self.null_slot = num_blocks * block_size  # first slot of the zero block
+        self.scratch_slot = (num_blocks + 1) * block_size  # first slot of the scratch block
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -1,0 +1,181 @@
+"""KV pool sizing: the order of the rules, the CUDA arithmetic on measured numbers, the probes.
+
+The arithmetic and the rule order run on CPU with made-up measurements; the probe forward runs on
+CPU too; the measurement itself needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.engine import kv_cache_sizing
+from services.engine.attention.backend import AttentionBackend, KVCache
+from services.engine.attention.torch_backend import TorchAttentionBackend
+from services.engine.config import EngineConfig
+from services.engine.kv_cache_sizing import GIB, cpu_budget_bytes, num_kv_blocks, profiled_budget_bytes
+from services.engine.llm_engine import LLMEngine
+from services.engine.memory_profile import (
+    SAMPLER_BYTES_PER_LOGIT,
+    MemoryProfile,
+    prefill_probe,
+    prefill_probe_context,
+    profile_memory,
+)
+from services.engine.model_loader import LoadedModel, load_model
+from services.engine.models import build_model
+from services.engine.models.llama import LlamaForCausalLM
+from tests.engine.dense_decode_backend import DenseDecodeBackend
+from tests.engine.model_fixtures import build_tiny_checkpoint, poison
+
+MIB = 1 << 20
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the memory profile needs a CUDA device")
+PROFILE = MemoryProfile(
+    total_bytes=80 * GIB,
+    in_use_bytes=20 * GIB,
+    activation_bytes=3 * GIB,
+    sampler_bytes=GIB,
+    graph_bytes=GIB // 2,
+)
+
+
+def test_profiled_budget_is_the_allowed_share_minus_everything_else_and_the_two_extra_blocks() -> None:
+    per_block = 2 * MIB
+    expected = int(80 * GIB * 0.9) - (20 + 3 + 1 + 0.5) * GIB - 2 * per_block
+    assert profiled_budget_bytes(PROFILE, 0.9, per_block) == expected
+    assert profiled_budget_bytes(PROFILE, 1.0, per_block) == 80 * GIB - 24.5 * GIB - 2 * per_block
+
+
+def test_profiled_budget_refuses_when_not_one_block_fits_and_names_the_flags() -> None:
+    per_block = 2 * MIB
+    # Half of the device leaves room for exactly one block besides the zero and scratch blocks.
+    one_block = dataclasses.replace(PROFILE, total_bytes=2 * (PROFILE.non_kv_bytes + 3 * per_block))
+    assert profiled_budget_bytes(one_block, 0.5, per_block) == per_block
+    just_short = dataclasses.replace(one_block, in_use_bytes=PROFILE.in_use_bytes + 1)
+    with pytest.raises(ValueError, match="raise --gpu-memory-utilization or lower --max-num-batched-tokens"):
+        profiled_budget_bytes(just_short, 0.5, per_block)
+    with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0\.25 allows 20\.00 GiB"):
+        profiled_budget_bytes(PROFILE, 0.25, per_block)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path) -> LoadedModel:
+    return load_model(EngineConfig(model=tiny_model_dir))
+
+
+def no_backend(num_blocks: int) -> AttentionBackend:
+    raise AssertionError("only the CUDA profile builds a probe backend")
+
+
+def test_explicit_sizes_come_first_and_the_useful_cap_last(tiny_model_dir: Path, loaded: LoadedModel) -> None:
+    per_block = loaded.kv_bytes_per_block(16)
+    config = EngineConfig(model=tiny_model_dir, num_kv_blocks=7, kv_cache_memory_gib=1.0)
+    assert num_kv_blocks(config, loaded, no_backend) == 7
+    config = EngineConfig(model=tiny_model_dir, kv_cache_memory_gib=100 * per_block / GIB, max_running_requests=1)
+    assert num_kv_blocks(config, loaded, no_backend) == 100
+    useful = 256 * loaded.max_model_len // 16
+    config = EngineConfig(model=tiny_model_dir, kv_cache_memory_gib=64.0)
+    assert num_kv_blocks(config, loaded, no_backend) == useful
+    config = EngineConfig(model=tiny_model_dir, max_running_requests=1)
+    assert num_kv_blocks(config, loaded, no_backend) == min(cpu_budget_bytes() // per_block, 4096 // 16)
+
+
+def test_cuda_sizes_the_pool_from_the_profile(
+    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, loaded: LoadedModel
+) -> None:
+    on_gpu = dataclasses.replace(loaded, device=torch.device("cuda"))
+    per_block = on_gpu.kv_bytes_per_block(16)
+    seen: list[Callable[[int], AttentionBackend]] = []
+
+    def fake_profile(
+        config: EngineConfig, model: LoadedModel, make_backend: Callable[[int], AttentionBackend]
+    ) -> MemoryProfile:
+        assert model is on_gpu
+        seen.append(make_backend)
+        return dataclasses.replace(PROFILE, total_bytes=PROFILE.non_kv_bytes + 1000 * per_block)
+
+    monkeypatch.setattr(kv_cache_sizing, "profile_memory", fake_profile)
+    config = EngineConfig(model=tiny_model_dir, gpu_memory_utilization=1.0)
+    assert num_kv_blocks(config, on_gpu, no_backend) == 1000 - KVCache.NUM_EXTRA_BLOCKS
+    assert seen == [no_backend]
+    # An explicit size needs no profile.
+    assert num_kv_blocks(EngineConfig(model=tiny_model_dir, num_kv_blocks=5), on_gpu, no_backend) == 5
+    assert len(seen) == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> LlamaForCausalLM:
+    model, _ = build_model(build_tiny_checkpoint(tmp_path_factory.mktemp("llama"), "llama"), torch.float32, "cpu")
+    return model
+
+
+def test_prefill_probe_splits_the_step_into_sequences_of_at_most_the_context() -> None:
+    cache = KVCache(1, 1, 4, 1, 8, torch.float32, torch.device("cpu"))
+    ctx = prefill_probe_context(TorchAttentionBackend(cache, 1.0), num_tokens=20, max_model_len=8)
+    assert ctx.query_lens_cpu == ctx.seq_lens_cpu == ctx.seq_lens.tolist() == [8, 8, 4]
+    assert ctx.query_start_loc.tolist() == [0, 8, 16, 20]
+    assert ctx.positions.tolist() == [*range(8), *range(8), *range(4)]
+    assert (ctx.slot_mapping == cache.scratch_slot).all() and (ctx.block_tables == cache.null_block).all()
+    assert ctx.block_tables.shape == (3, 2)
+
+
+def test_prefill_probe_runs_the_largest_step_without_touching_the_managed_blocks(tiny_model: LlamaForCausalLM) -> None:
+    spec = tiny_model.spec
+    cache = KVCache(spec.num_layers, 1, 4, spec.num_kv_heads, spec.head_dim, torch.float32, torch.device("cpu"))
+    poison(cache)
+    backend = TorchAttentionBackend(cache, spec.attention_scale)
+
+    logits = prefill_probe(tiny_model, backend, num_tokens=20, max_model_len=8, logit_rows=11)
+
+    assert logits.shape == (11, spec.vocab_size) and logits.isfinite().all()
+    assert all(pool[0].isnan().all() for pool in (*cache.k, *cache.v)), "a managed block was written"
+    assert not any(pool[cache.null_block].any() for pool in (*cache.k, *cache.v)), "the zero block was written"
+    assert all(pool[cache.null_block + 1].any() for pool in (*cache.k, *cache.v)), "K/V go to the scratch block"
+
+
+# -- CUDA: the measurement ----------------------------------------------------------------------
+
+
+def dense_backend(loaded: LoadedModel, block_size: int) -> Callable[[int], AttentionBackend]:
+    def make(num_blocks: int) -> AttentionBackend:
+        cache = KVCache(
+            loaded.num_layers, num_blocks, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, loaded.device
+        )
+        return DenseDecodeBackend(cache, scale=loaded.head_dim**-0.5)
+
+    return make
+
+
+@on_cuda
+def test_profile_measures_activations_graphs_and_what_is_in_use(tiny_model_dir: Path) -> None:
+    config = EngineConfig(model=tiny_model_dir, max_num_batched_tokens=512, max_running_requests=32)
+    loaded = load_model(config)
+    profile = profile_memory(config, loaded, dense_backend(loaded, config.block_size))
+    assert 0 < profile.in_use_bytes < profile.total_bytes
+    # At least the logits of 32 rows, in float32, were allocated during the probe.
+    assert profile.activation_bytes >= 32 * loaded.vocab_size * 4
+    assert profile.graph_bytes >= 32 * loaded.vocab_size * 4
+    assert profile.sampler_bytes == 32 * loaded.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    without = profile_memory(
+        EngineConfig(model=tiny_model_dir, disable_cuda_graph=True), loaded, dense_backend(loaded, config.block_size)
+    )
+    assert without.graph_bytes == 0
+    # The torch backend cannot be captured: nothing is reserved for graphs.
+    torch_backend = profile_memory(config, loaded, lambda n: loaded.make_backend(n, config.block_size))
+    assert torch_backend.graph_bytes == 0
+
+
+@on_cuda
+def test_engine_on_cuda_sizes_its_pool_by_profile_and_refuses_a_share_too_small(tiny_model_dir: Path) -> None:
+    loaded = load_model(EngineConfig(model=tiny_model_dir))
+    config = EngineConfig(model=tiny_model_dir, max_running_requests=4, gpu_memory_utilization=0.9)
+    engine = LLMEngine(config, loaded)
+    assert engine.block_manager.num_total_blocks == 4 * loaded.max_model_len // 16  # the useful cap
+    profile = profile_memory(config, loaded, lambda n: loaded.make_backend(n, config.block_size))
+    too_small = profile.in_use_bytes / profile.total_bytes / 2
+    with pytest.raises(ValueError, match="raise --gpu-memory-utilization"):
+        LLMEngine(EngineConfig(model=tiny_model_dir, gpu_memory_utilization=too_small), loaded)
