@@ -52,7 +52,7 @@ class LLMEngine:
             max_running_requests=config.max_running_requests,
             policy=cast(Policy, config.scheduling_policy),  # validated by EngineConfig
         )
-        backend = self.loaded.make_backend(blocks, config.block_size)
+        backend = self.loaded.make_backend(blocks, config.block_size, config.attention_backend)
         self.runner = ModelRunner(self.loaded.model, backend, config.block_size, self.loaded.device)
         self._groups: dict[str, SequenceGroup] = {}
         # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
@@ -66,7 +66,12 @@ class LLMEngine:
         )
         log.info(
             "kv cache ready",
-            extra={"blocks": blocks, "block_size": config.block_size, "tokens": blocks * config.block_size},
+            extra={
+                "blocks": blocks,
+                "block_size": config.block_size,
+                "tokens": blocks * config.block_size,
+                "attention": type(backend).__name__,
+            },
         )
 
     # -- requests -------------------------------------------------------------
