@@ -15,23 +15,32 @@ from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.attention.triton_backend import TritonAttentionBackend
 from services.engine.config import EngineConfig
 from services.engine.model_loader import LoadedModel, load_model
+from tests.engine.model_fixtures import build_tiny_checkpoint
 from tests.engine.test_engine_parity import make_engine, prompts, request, run
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir: Path) -> LoadedModel:
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama whose greedy tokens change with any attention mistake: unit-scale random weights
+    and untied embeddings (tiny_model_dir, default-initialized, and the tied unit-scale one each
+    repeat one token whatever attention computes)."""
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("llama"), "llama_untied")
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir: Path) -> LoadedModel:
     # float32 on a GPU as well: bfloat16 rounding could flip a greedy choice between two backends.
-    return load_model(EngineConfig(model=tiny_model_dir, dtype="float32"))
+    return load_model(EngineConfig(model=model_dir, dtype="float32"))
 
 
-def test_greedy_tokens_match_the_torch_backend(tiny_model_dir: Path, loaded: LoadedModel) -> None:
+def test_greedy_tokens_match_the_torch_backend(model_dir: Path, loaded: LoadedModel) -> None:
     system = prompts(loaded, 1, seed=3, low=10, high=10)[0]  # shared: two full blocks of 4
     shared = prompts(loaded, 2, seed=4, low=3, high=6, prefix=system)
     others = prompts(loaded, 2, seed=5, low=5, high=12)
     results = {}
     for name in ("torch", "triton"):
         engine = make_engine(
-            tiny_model_dir,
+            model_dir,
             loaded,
             attention_backend=name,
             num_kv_blocks=48,
@@ -46,7 +55,8 @@ def test_greedy_tokens_match_the_torch_backend(tiny_model_dir: Path, loaded: Loa
         results[name] = run(engine, arrivals)
     assert isinstance(engine.runner.backend, TritonAttentionBackend)
     assert results["triton"] == results["torch"]
-    _, cached = results["triton"]
+    tokens, cached = results["triton"]
+    assert all(len(set(ids)) > 1 for ids in tokens.values()), "outputs that would show an attention mistake"
     assert cached["s1"] == 8, "s1 was meant to find s0's two full blocks in the prefix cache"
     # The batches the triton run went through (two layers each):
     lens = [(ctx.query_lens_cpu, ctx.seq_lens_cpu) for ctx in batches]
@@ -85,6 +95,6 @@ def test_unusable_triton_is_refused(loaded: LoadedModel, monkeypatch: pytest.Mon
     assert type(on_cpu.make_backend(4, 4, "auto")) is TorchAttentionBackend
 
 
-def test_unknown_backend_names_are_refused(tiny_model_dir: Path) -> None:
+def test_unknown_backend_names_are_refused(model_dir: Path) -> None:
     with pytest.raises(ValueError, match="--attention-backend must be one of auto, torch, triton"):
-        EngineConfig(model=tiny_model_dir, attention_backend="flash")
+        EngineConfig(model=model_dir, attention_backend="flash")
