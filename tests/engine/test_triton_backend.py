@@ -46,9 +46,10 @@ def assert_matches_torch(
     make_backend: Callable[[KVCache, float], AttentionBackend] = small_tiles,
     device: str = "cpu",
 ) -> None:
-    case = dict(head_dim=HEAD_DIM if device == "cpu" else 128, device=device)
-    out = run_case(lengths, num_heads, num_kv_heads, block_size, dtype, seed, make_backend=make_backend, **case)
-    expected = run_case(lengths, num_heads, num_kv_heads, block_size, dtype, seed, **case)
+    head_dim = HEAD_DIM if device == "cpu" else 128
+    case = (lengths, num_heads, num_kv_heads, block_size, dtype, seed)
+    out = run_case(*case, head_dim=head_dim, make_backend=make_backend, device=device)
+    expected = run_case(*case, head_dim=head_dim, device=device)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.kernels.extend_attention import extend_attention, extend_attention_reference
+from services.engine.kernels.extend_attention import BLOCK_ROWS, extend_attention, extend_attention_reference
 from tests.engine.kernels.paged_cache import random_paged_batch
 
 HEAD_DIM = 16
@@ -27,7 +27,8 @@ def run_case(
     *,
     head_dim: int = HEAD_DIM,
     device: str = "cpu",
-    **tiling: int,
+    block_rows: int = BLOCK_ROWS,
+    block_n: int | None = None,
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [cached + new for cached, new in lengths]
@@ -42,7 +43,7 @@ def run_case(
     scale = head_dim**-0.5
     args = (q, batch.k_cache, batch.v_cache, batch.block_tables, query_start_loc, batch.seq_lens, scale)
 
-    result = extend_attention(*args, out=out, **tiling)
+    result = extend_attention(*args, block_rows=block_rows, block_n=block_n, out=out)
 
     assert result is out
     tol = TOLERANCE[dtype]
