@@ -196,7 +196,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--policy", default="cache_aware", choices=POLICIES, help="the router's routing policy")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--attention-backend", default="auto", help="engine: auto (triton on CUDA, torch on CPU), ...")
+    parser.add_argument(
+        "--attention-backend", default="auto", help="engine: auto (triton on CUDA, torch on CPU), torch or triton"
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--chat-template", default=None)
     parser.add_argument(
