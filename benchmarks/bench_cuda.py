@@ -152,7 +152,13 @@ class Bench:
         report.baseline = transformers_throughput(folder, prompts, w.throughput_output, self.device, self.dtype)
         self.release()
         report.kernels = bench_kernels(
-            shape, w.kernels, self.dtype, self.device, self.ceilings.bandwidth, w.kernel_repeats
+            shape,
+            w.kernels,
+            self.dtype,
+            self.device,
+            self.ceilings.bandwidth,
+            self.ceilings.matmul_rate,
+            w.kernel_repeats,
         )
         self.release()
         return report

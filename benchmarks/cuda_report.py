@@ -157,6 +157,12 @@ def graph_rows(report: ShapeReport, w: Workload) -> list[tuple[str, str]]:
 def kernel_row(k: KernelResult) -> tuple[str, str]:
     if k.seconds is None or k.achieved_bandwidth is None:
         return (f"kernel {k.name}", k.note or "not measured")
+    if k.achieved_flop_rate is not None:
+        return (
+            f"kernel {k.name}",
+            f"{1e6 * k.seconds:.1f} µs, {k.achieved_flop_rate / 1e12:,.1f} TFLOP/s"
+            f" = {_pct(k.fraction_of_floor)} of the FLOP floor",
+        )
     return (
         f"kernel {k.name}",
         f"{1e6 * k.seconds:.1f} µs, {k.achieved_bandwidth / 1e9:,.0f} GB/s ({k.bytes / 1e6:,.1f} MB moved)"
@@ -174,7 +180,12 @@ def report_json(report: ShapeReport) -> dict[str, Any]:
         "total_tokens_per_second": report.baseline.total_tokens_per_second,
     }
     data["kernels"] = [
-        {**asdict(k), "achieved_bandwidth": k.achieved_bandwidth, "fraction_of_floor": k.fraction_of_floor}
+        {
+            **asdict(k),
+            "achieved_bandwidth": k.achieved_bandwidth,
+            "achieved_flop_rate": k.achieved_flop_rate,
+            "fraction_of_floor": k.fraction_of_floor,
+        }
         for k in report.kernels
     ]
     return data

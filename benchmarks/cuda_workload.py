@@ -64,5 +64,5 @@ SMOKE = Workload(
     max_model_len=128,
     copy_bytes=16 << 20,
     matmul_n=128,
-    kernels=KernelShapes(batch=2, context=32, token_counts=(4, 16)),
+    kernels=KernelShapes(batch=2, context=32, token_counts=(4, 16), prompt=32),
 )

@@ -1,7 +1,8 @@
 """Driving an LLMEngine over a list of requests and recording what every step did and took.
 
-Each step's record holds its wall time and its batch: the new tokens and cached positions of every sequence, and how many rows were
-sampled, which is what `step_floors` needs to say how fast that step could have been.
+Each step's record holds its wall time and its batch: the new tokens and cached positions of
+every sequence, and how many rows were sampled, which is what `step_floors` needs to say how
+fast that step could have been.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     engines = []
     for i, port in enumerate(engine_ports):
         engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
-        engine += ["--device", args.device, "--dtype", args.dtype]
+        engine += ["--device", args.device, "--dtype", args.dtype, "--attention-backend", args.attention_backend]
         if args.served_model_name:
             # The engine serves the first name; the gateway answers to all of them.
             engine += ["--served-model-name", args.served_model_name[0]]
@@ -204,6 +204,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--policy", default="cache_aware", choices=POLICIES, help="the router's routing policy")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--attention-backend", default="auto", help="engine: auto (triton on CUDA, torch on CPU), torch or triton"
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--chat-template", default=None)
     parser.add_argument(

@@ -13,6 +13,7 @@ POLICIES = ("fcfs", "priority")
 SAMPLING_DEFAULTS = ("model", "openai")
 LOGPROBS_MODES = ("processed", "raw")
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class EngineConfig:
     port: int = 50051
     device: str = "auto"
     dtype: str = "auto"
+    # Paged attention implementation: `auto` is triton on CUDA, torch on CPU.
+    attention_backend: str = "auto"
     # Cap on prompt + output tokens; defaults to the model's own context length.
     max_model_len: int | None = None
     # Requests allowed to wait for their turn before new ones are refused (RESOURCE_EXHAUSTED).
@@ -70,6 +73,10 @@ class EngineConfig:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+            )
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"--scheduling-policy must be one of {', '.join(POLICIES)}")
         if self.sampling_defaults not in SAMPLING_DEFAULTS:

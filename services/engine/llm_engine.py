@@ -57,7 +57,12 @@ class LLMEngine:
         backend = self._make_backend(blocks)
         log.info(
             "kv cache ready",
-            extra={"blocks": blocks, "block_size": config.block_size, "tokens": blocks * config.block_size},
+            extra={
+                "blocks": blocks,
+                "block_size": config.block_size,
+                "tokens": blocks * config.block_size,
+                "attention": type(backend).__name__,
+            },
         )
         # Captured after the KV cache exists: the graphs record its addresses.
         graphs = build_decode_graphs(config, self.loaded, backend)
@@ -74,7 +79,7 @@ class LLMEngine:
         )
 
     def _make_backend(self, num_blocks: int) -> AttentionBackend:
-        return self.loaded.make_backend(num_blocks, self.config.block_size)
+        return self.loaded.make_backend(num_blocks, self.config.block_size, self.config.attention_backend)
 
     # -- requests -------------------------------------------------------------
 

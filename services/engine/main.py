@@ -19,6 +19,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--port", type=int, default=50051)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, ...")
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        help="paged attention: auto (triton on CUDA, torch on CPU), torch, or triton",
+    )
     parser.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
     parser.add_argument("--max-waiting-requests", type=int, default=1024, help="queue bound before 429s")
     kv = parser.add_argument_group("KV cache")
@@ -93,6 +98,7 @@ def run(args: argparse.Namespace) -> None:
             port=args.port,
             device=args.device,
             dtype=args.dtype,
+            attention_backend=args.attention_backend,
             max_model_len=args.max_model_len,
             max_waiting_requests=args.max_waiting_requests,
             block_size=args.block_size,

@@ -12,6 +12,7 @@ import torch
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.config import EngineConfig
+from services.engine.kernels import triton_runs_on
 from services.engine.models.layers import enable_fused_kernels
 from services.engine.models.weights import build_model
 from turnout.v1 import common_pb2
@@ -43,11 +44,38 @@ class LoadedModel:
     def kv_bytes_per_block(self, block_size: int) -> int:
         return KVCache.bytes_per_block(self.num_layers, block_size, self.num_kv_heads, self.head_dim, self.dtype)
 
-    def make_backend(self, num_blocks: int, block_size: int) -> AttentionBackend:
+    def make_backend(self, num_blocks: int, block_size: int, name: str = "auto") -> AttentionBackend:
+        """The paged KV cache and the attention backend `name` (see EngineConfig.attention_backend) over it."""
+        chosen = self._attention_backend(name)
         cache = KVCache(
             self.num_layers, num_blocks, block_size, self.num_kv_heads, self.head_dim, self.dtype, self.device
         )
+        if chosen == "triton":
+            from services.engine.attention.triton_backend import TritonAttentionBackend
+
+            return TritonAttentionBackend(cache, scale=self.head_dim**-0.5)
         return TorchAttentionBackend(cache, scale=self.head_dim**-0.5)
+
+    def _attention_backend(self, name: str) -> str:
+        """`auto`: triton on CUDA when its kernels serve this model, else torch. Checked before the
+        cache is allocated; the triton module (and Triton itself) is imported only when usable."""
+        if name == "torch" or (name == "auto" and self.device.type != "cuda"):
+            return "torch"
+        if not triton_runs_on(self.device):
+            if name == "auto":
+                return "torch"
+            raise ValueError(
+                f"--attention-backend triton needs a CUDA device, or TRITON_INTERPRET=1 on CPU (device: {self.device})"
+            )
+        from services.engine.attention.triton_backend import unsupported_reason
+
+        reason = unsupported_reason(self.head_dim, self.dtype, self.device)
+        if reason is None:
+            return "triton"
+        if name == "triton":
+            raise ValueError(f"--attention-backend triton: {reason}")
+        log.warning("attention backend: torch, not triton", extra={"reason": reason})
+        return "torch"
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

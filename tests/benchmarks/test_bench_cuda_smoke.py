@@ -44,7 +44,7 @@ def test_smoke_run_measures_every_section(tmp_path: Path, capsys: pytest.Capture
         assert tiny["graphs_off_decode"]["decode_step_ms"] > 0 and tiny["graphs_off_throughput"]["seconds"] > 0
     else:
         assert tiny["graphs_off_decode"] is None and "disable_cuda_graph" in tiny["graphs_note"]
-    assert len(tiny["kernels"]) == 1 + 2 * len(SMOKE.kernels.token_counts)
+    assert len(tiny["kernels"]) == 2 + 2 * len(SMOKE.kernels.token_counts)
     for kernel in tiny["kernels"]:
         assert kernel["bytes"] > 0
         assert (kernel["seconds"] is not None and kernel["seconds"] > 0) or kernel["note"].startswith("not measured")

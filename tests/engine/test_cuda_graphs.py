@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
+from services.engine.attention.triton_backend import TritonAttentionBackend
 from services.engine.config import EngineConfig
 from services.engine.cuda_graphs import DecodeGraphs, blocks_per_sequence, capture_sizes, decode_graphs_refusal
 from services.engine.llm_engine import LLMEngine
@@ -30,7 +30,6 @@ from services.engine.request import EngineRequest
 from services.engine.sampling_params import SamplingSettings
 from services.engine.sampling_validation import Limits, resolve
 from services.engine.sequence import Sequence
-from tests.engine.dense_decode_backend import DenseDecodeBackend
 from tests.engine.model_fixtures import SequenceSlice, build_context, build_tiny_checkpoint, poison
 from turnout.v1 import common_pb2
 
@@ -39,7 +38,8 @@ NUM_BLOCKS = 160
 MAX_MODEL_LEN = 32
 WIDTH = blocks_per_sequence(MAX_MODEL_LEN, BLOCK_SIZE)  # 8
 MAX_BS = 16  # sizes 1, 2, 4, 8, 16
-BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend, "dense": DenseDecodeBackend}
+# The torch backend (eager only: its decode reads host lengths) and the graph-safe Triton one.
+BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend, "triton": TritonAttentionBackend}
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
 
@@ -152,15 +152,15 @@ def test_config_refuses_bad_graph_and_memory_values(tmp_path: Path, option: str,
 
 
 def test_graphs_are_refused_off_cuda_for_unsafe_backends_and_when_disabled(tmp_path: Path) -> None:
-    cache = KVCache(1, 4, BLOCK_SIZE, 1, 8, torch.float32, torch.device("cpu"))
-    torch_backend, dense = TorchAttentionBackend(cache, 1.0), DenseDecodeBackend(cache, 1.0)
+    cache = KVCache(1, 4, BLOCK_SIZE, 1, 16, torch.float32, torch.device("cpu"))
+    torch_backend, triton = TorchAttentionBackend(cache, 1.0), TritonAttentionBackend(cache, 1.0)
     config = EngineConfig(model=config_dir(tmp_path))
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert decode_graphs_refusal(config, cuda, dense) is None
-    assert "cpu" in str(decode_graphs_refusal(config, cpu, dense))
+    assert decode_graphs_refusal(config, cuda, triton) is None
+    assert "cpu" in str(decode_graphs_refusal(config, cpu, triton))
     assert "TorchAttentionBackend" in str(decode_graphs_refusal(config, cuda, torch_backend))
     disabled = EngineConfig(model=config.model, disable_cuda_graph=True)
-    assert decode_graphs_refusal(disabled, cuda, dense) == "--disable-cuda-graph"
+    assert decode_graphs_refusal(disabled, cuda, triton) == "--disable-cuda-graph"
 
 
 # -- padded eager runs on CPU -------------------------------------------------------------------
@@ -170,13 +170,6 @@ def test_graphs_are_refused_off_cuda_for_unsafe_backends_and_when_disabled(tmp_p
 def tiny_model(tiny_folder: Path) -> LlamaForCausalLM:
     model, _ = build_model(tiny_folder, torch.float32, "cpu")
     return model
-
-
-def test_dense_decode_backend_matches_the_torch_backend(tiny_model: LlamaForCausalLM) -> None:
-    lengths = spread_lengths(11, seed=1)
-    expected = decode_case(tiny_model, TorchAttentionBackend, lengths, seed=1).eager_logits()
-    got = decode_case(tiny_model, DenseDecodeBackend, lengths, seed=1).eager_logits()
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -200,7 +193,8 @@ def test_padded_run_equals_the_unpadded_batch_and_keeps_padding_out_of_the_cache
     torch.testing.assert_close(managed(after), managed(expected_cache), atol=1e-5, rtol=1e-5, equal_nan=True)
     null, scratch = case.cache.null_block, case.cache.null_block + 1
     assert not any(pool[null].any() for pool in after), "padding wrote into the zero block"
-    padded = graphs.padded_size(batch) > batch
+    # Padding K/V go to the scratch block (the Triton store skips any slot past the requests' blocks).
+    padded = graphs.padded_size(batch) > batch and backend == "torch"
     assert all(bool(pool[scratch].any()) == padded for pool in after), "padding K/V belong in the scratch block"
 
 
@@ -396,7 +390,7 @@ def cuda_model(tiny_folder: Path) -> LlamaForCausalLM:
 @on_cuda
 def test_replays_equal_eager_runs_for_batches_between_sizes(cuda_model: LlamaForCausalLM) -> None:
     device = torch.device("cuda")
-    case = decode_case(cuda_model, DenseDecodeBackend, spread_lengths(MAX_BS, seed=4), seed=4)
+    case = decode_case(cuda_model, TritonAttentionBackend, spread_lengths(MAX_BS, seed=4), seed=4)
     graphs = DecodeGraphs(case.model, case.backend, MAX_BS, WIDTH, device)
     eager = DecodeGraphs(case.model, case.backend, MAX_BS, WIDTH, device, eager=True)
     graphs.capture()
@@ -423,20 +417,7 @@ def test_replays_equal_eager_runs_for_batches_between_sizes(cuda_model: LlamaFor
         assert not any(pool[null].any() for pool in case.snapshot())
 
 
-@pytest.fixture
-def dense_backend_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def make_backend(self: LoadedModel, num_blocks: int, block_size: int) -> AttentionBackend:
-        cache = KVCache(
-            self.num_layers, num_blocks, block_size, self.num_kv_heads, self.head_dim, self.dtype, self.device
-        )
-        return DenseDecodeBackend(cache, scale=self.head_dim**-0.5)
-
-    monkeypatch.setattr(LoadedModel, "make_backend", make_backend)
-    yield
-
-
 @on_cuda
-@pytest.mark.usefixtures("dense_backend_engines")
 def test_engine_greedy_output_is_the_same_with_cuda_graphs_on_and_off(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
 ) -> None:
