@@ -47,12 +47,15 @@ def test_memory_and_cuda_graph_flags_reach_every_engine() -> None:
     from services.engine.main import build_parser as engine_parser
 
     argv = ["--model", "/m", "--engines", "2", "--gpu-memory-utilization", "0.7", "--cuda-graph-max-bs", "64"]
+    argv += ["--cuda-graph-max-seq-len", "4096"]
     stack = launcher.build_stack(launcher.build_parser().parse_args([*argv, "--disable-cuda-graph"]), Path("/m"))
     engines = [child for child in stack.children if child.name.startswith("engine")]
     assert len(engines) == 2
     for engine in engines:
         args = engine_parser().parse_args(engine.argv[engine.argv.index("engine") + 1 :])
         assert args.gpu_memory_utilization == 0.7 and args.cuda_graph_max_bs == 64 and args.disable_cuda_graph
+        assert args.cuda_graph_max_seq_len == 4096
     plain = launcher.build_stack(launcher.build_parser().parse_args(["--model", "/m"]), Path("/m")).children[0]
     args = engine_parser().parse_args(plain.argv[plain.argv.index("engine") + 1 :])
     assert (args.gpu_memory_utilization, args.cuda_graph_max_bs, args.disable_cuda_graph) == (0.9, None, False)
+    assert args.cuda_graph_max_seq_len == 8192

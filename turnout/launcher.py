@@ -146,6 +146,7 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
         "think_end_token",
         "gpu_memory_utilization",
         "cuda_graph_max_bs",
+        "cuda_graph_max_seq_len",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -236,6 +237,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=int,
         default=None,
         help="engine: largest decode batch replayed from a CUDA graph (engine default: running cap, at most 256)",
+    )
+    parser.add_argument(
+        "--cuda-graph-max-seq-len",
+        type=int,
+        default=None,
+        help="engine: longest sequence a replayed decode step may hold (engine default: 8192)",
     )
     parser.add_argument(
         "--reasoning-parser",

@@ -65,6 +65,9 @@ class EngineConfig:
     # batch sizes up to cuda_graph_max_bs (None: see cuda_graph_batch_limit).
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
+    # Longest sequence a replayed decode step may hold: the graphs' block tables are this wide, and
+    # the split-K decode grid grows with them (a batch holding a longer sequence runs eagerly).
+    cuda_graph_max_seq_len: int = 8192
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -93,6 +96,7 @@ class EngineConfig:
             "--max-running-requests": self.max_running_requests,
             "--grammar-max-whitespace": self.grammar_max_whitespace,
             "--cuda-graph-max-bs": self.cuda_graph_max_bs,
+            "--cuda-graph-max-seq-len": self.cuda_graph_max_seq_len,
         }
         for flag, value in positive.items():
             if value is not None and value < 1:

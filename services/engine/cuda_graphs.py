@@ -8,7 +8,9 @@ Sizes: 1, 2, 4, 8, then every 8 up to the largest (EngineConfig.cuda_graph_batch
 always one of them. A batch of B rows replays the smallest size n >= B; rows B .. n-1 are padding.
 
 Static buffers, sized for the largest graph (a graph recorded their addresses; a replay reads what
-they hold), W = ceil(max_model_len / block_size):
+they hold), W = ceil(min(max_model_len, --cuda-graph-max-seq-len) / block_size): a decode batch
+holding a longer sequence runs eagerly (the split-K decode grid grows with W, so a graph as wide
+as a 128k context would launch thousands of idle programs every step):
 
     buffer            shape      row b < B (the batch)               padding row B <= b < n
     input_ids         (max,)     its token                           0
@@ -55,6 +57,11 @@ def capture_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4, 8, 16, 24, ... below max_batch_size, then max_batch_size itself."""
     small = [size for size in SMALL_SIZES if size < max_batch_size]
     return [*small, *range(SIZE_STEP, max_batch_size, SIZE_STEP), max_batch_size]
+
+
+def graph_table_width(config: EngineConfig, max_model_len: int) -> int:
+    """Blocks per row of the graphs' block tables: enough for the longest sequence a replay holds."""
+    return blocks_per_sequence(min(max_model_len, config.cuda_graph_max_seq_len), config.block_size)
 
 
 def blocks_per_sequence(max_model_len: int, block_size: int) -> int:
@@ -218,7 +225,7 @@ def build_decode_graphs(config: EngineConfig, loaded: LoadedModel, backend: Atte
         loaded.model,
         backend,
         config.cuda_graph_batch_limit,
-        blocks_per_sequence(loaded.max_model_len, config.block_size),
+        graph_table_width(config, loaded.max_model_len),
         loaded.device,
     )
     free_before, _ = torch.cuda.mem_get_info(loaded.device)

@@ -48,6 +48,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=None,
         help="largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most 256)",
     )
+    graphs.add_argument(
+        "--cuda-graph-max-seq-len",
+        type=int,
+        default=8192,
+        help="longest sequence a replayed decode step may hold; batches with longer ones run eagerly",
+    )
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
     sched.add_argument("--max-running-requests", type=int, default=256)
@@ -119,6 +125,7 @@ def run(args: argparse.Namespace) -> None:
             metrics_port=args.metrics_port,
             disable_cuda_graph=args.disable_cuda_graph,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
+            cuda_graph_max_seq_len=args.cuda_graph_max_seq_len,
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None

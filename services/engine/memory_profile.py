@@ -25,7 +25,7 @@ import torch
 from services.engine.attention.backend import AttentionBackend
 from services.engine.attention.context import ForwardContext
 from services.engine.config import EngineConfig
-from services.engine.cuda_graphs import DecodeGraphs, blocks_per_sequence, decode_graphs_refusal
+from services.engine.cuda_graphs import DecodeGraphs, blocks_per_sequence, decode_graphs_refusal, graph_table_width
 from services.engine.model_loader import LoadedModel
 
 # Bytes the sampler may hold per logit of a step: a float32 working copy of the logits, a sort's
@@ -125,7 +125,7 @@ def _probe_peaks(config: EngineConfig, loaded: LoadedModel, backend: AttentionBa
     if decode_graphs_refusal(config, device, backend) is not None:
         return activation, 0
     size = config.cuda_graph_batch_limit
-    width = blocks_per_sequence(max_model_len, config.block_size)
+    width = graph_table_width(config, max_model_len)
     # The graphs' buffers are part of what they keep, so they are allocated inside the measurement.
     graph = peak_rise(lambda: DecodeGraphs(loaded.model, backend, size, width, device, eager=True).run_padding(size))
     return activation, graph

@@ -20,7 +20,13 @@ from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.attention.triton_backend import TritonAttentionBackend
 from services.engine.config import EngineConfig
-from services.engine.cuda_graphs import DecodeGraphs, blocks_per_sequence, capture_sizes, decode_graphs_refusal
+from services.engine.cuda_graphs import (
+    DecodeGraphs,
+    blocks_per_sequence,
+    capture_sizes,
+    decode_graphs_refusal,
+    graph_table_width,
+)
 from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, ModelRunner, StepLogits
@@ -141,6 +147,7 @@ def test_graph_batch_limit_defaults_to_the_running_cap_at_most_256(tmp_path: Pat
     ("option", "value", "flag"),
     [
         ("cuda_graph_max_bs", 0, "--cuda-graph-max-bs"),
+        ("cuda_graph_max_seq_len", 0, "--cuda-graph-max-seq-len"),
         ("gpu_memory_utilization", 0.0, "--gpu-memory-utilization"),
         ("gpu_memory_utilization", 1.5, "--gpu-memory-utilization"),
         ("gpu_memory_utilization", float("nan"), "--gpu-memory-utilization"),
@@ -149,6 +156,14 @@ def test_graph_batch_limit_defaults_to_the_running_cap_at_most_256(tmp_path: Pat
 def test_config_refuses_bad_graph_and_memory_values(tmp_path: Path, option: str, value: object, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         EngineConfig(model=config_dir(tmp_path), **{option: value})  # type: ignore[arg-type]
+
+
+def test_graph_block_tables_are_as_wide_as_the_longest_replayed_sequence(tmp_path: Path) -> None:
+    config = EngineConfig(model=config_dir(tmp_path), block_size=16)
+    assert graph_table_width(config, 131072) == 8192 // 16  # capped: a 128k context runs long decodes eagerly
+    assert graph_table_width(config, 1000) == 63  # the context itself when shorter
+    wide = EngineConfig(model=config.model, block_size=16, cuda_graph_max_seq_len=32768)
+    assert graph_table_width(wide, 131072) == 2048
 
 
 def test_graphs_are_refused_off_cuda_for_unsafe_backends_and_when_disabled(tmp_path: Path) -> None:

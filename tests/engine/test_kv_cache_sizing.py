@@ -29,7 +29,6 @@ from services.engine.memory_profile import (
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.models import build_model
 from services.engine.models.llama import LlamaForCausalLM
-from tests.engine.dense_decode_backend import DenseDecodeBackend
 from tests.engine.model_fixtures import build_tiny_checkpoint, poison
 
 MIB = 1 << 20
@@ -140,32 +139,28 @@ def test_prefill_probe_runs_the_largest_step_without_touching_the_managed_blocks
 # -- CUDA: the measurement ----------------------------------------------------------------------
 
 
-def dense_backend(loaded: LoadedModel, block_size: int) -> Callable[[int], AttentionBackend]:
-    def make(num_blocks: int) -> AttentionBackend:
-        cache = KVCache(
-            loaded.num_layers, num_blocks, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype, loaded.device
-        )
-        return DenseDecodeBackend(cache, scale=loaded.head_dim**-0.5)
-
-    return make
+def backend_factory(loaded: LoadedModel, block_size: int, name: str) -> Callable[[int], AttentionBackend]:
+    return lambda num_blocks: loaded.make_backend(num_blocks, block_size, name)
 
 
 @on_cuda
 def test_profile_measures_activations_graphs_and_what_is_in_use(tiny_model_dir: Path) -> None:
     config = EngineConfig(model=tiny_model_dir, max_num_batched_tokens=512, max_running_requests=32)
     loaded = load_model(config)
-    profile = profile_memory(config, loaded, dense_backend(loaded, config.block_size))
+    profile = profile_memory(config, loaded, backend_factory(loaded, config.block_size, "triton"))
     assert 0 < profile.in_use_bytes < profile.total_bytes
     # At least the logits of 32 rows, in float32, were allocated during the probe.
     assert profile.activation_bytes >= 32 * loaded.vocab_size * 4
     assert profile.graph_bytes >= 32 * loaded.vocab_size * 4
     assert profile.sampler_bytes == 32 * loaded.vocab_size * SAMPLER_BYTES_PER_LOGIT
     without = profile_memory(
-        EngineConfig(model=tiny_model_dir, disable_cuda_graph=True), loaded, dense_backend(loaded, config.block_size)
+        EngineConfig(model=tiny_model_dir, disable_cuda_graph=True),
+        loaded,
+        backend_factory(loaded, config.block_size, "triton"),
     )
     assert without.graph_bytes == 0
     # The torch backend cannot be captured: nothing is reserved for graphs.
-    torch_backend = profile_memory(config, loaded, lambda n: loaded.make_backend(n, config.block_size))
+    torch_backend = profile_memory(config, loaded, backend_factory(loaded, config.block_size, "torch"))
     assert torch_backend.graph_bytes == 0
 
 
@@ -175,7 +170,7 @@ def test_engine_on_cuda_sizes_its_pool_by_profile_and_refuses_a_share_too_small(
     config = EngineConfig(model=tiny_model_dir, max_running_requests=4, gpu_memory_utilization=0.9)
     engine = LLMEngine(config, loaded)
     assert engine.block_manager.num_total_blocks == 4 * loaded.max_model_len // 16  # the useful cap
-    profile = profile_memory(config, loaded, lambda n: loaded.make_backend(n, config.block_size))
+    profile = profile_memory(config, loaded, backend_factory(loaded, config.block_size, "torch"))
     too_small = profile.in_use_bytes / profile.total_bytes / 2
     with pytest.raises(ValueError, match="raise --gpu-memory-utilization"):
         LLMEngine(EngineConfig(model=tiny_model_dir, gpu_memory_utilization=too_small), loaded)
