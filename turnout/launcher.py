@@ -145,6 +145,8 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
             flags += [f"--{name.replace('_', '-')}", str(value)]
     if args.enable_custom_logit_processor:
         flags.append("--enable-custom-logit-processor")
+    if args.overlap_schedule is not None:
+        flags.append("--enable-overlap-schedule" if args.overlap_schedule else "--disable-overlap-schedule")
     return flags
 
 
@@ -210,6 +212,21 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--enable-custom-logit-processor",
         action="store_true",
         help="engine: accept serialized custom logit processors (runs client code: trusted clients only)",
+    )
+    overlap = parser.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--disable-overlap-schedule",
+        dest="overlap_schedule",
+        action="store_false",
+        default=None,
+        help="engine: postprocess each step before scheduling the next (default: overlapped on CUDA)",
+    )
+    overlap.add_argument(
+        "--enable-overlap-schedule",
+        dest="overlap_schedule",
+        action="store_true",
+        default=None,
+        help="engine: postprocess each step while the device runs the next, even on CPU",
     )
     parser.add_argument(
         "--reasoning-parser",
