@@ -8,10 +8,13 @@ In two halves, so the engine can overlap them with other work (see llm_engine.py
   batch without either, so greedy-only batches keep their single argmax), and
   queues the batched sampler on the device. Each sequence gets a placeholder
   for its token (sequence.py); the tokens stay on the device.
-- PendingSample.collect reads the tokens back, fills in the placeholders and
-  gathers log-probabilities in one batched pass for the rows that need them:
-  requests asking for logprobs, and requests with several samples (best_of
-  ranks them by cumulative log-probability).
+  Log-probabilities are read in one batched pass, on the device too, for the
+  rows that need them: requests asking for logprobs, and requests with several
+  samples (best_of ranks them by cumulative log-probability). Copies of the
+  tokens and those reads to the host are queued right behind.
+- PendingSample.collect waits for those copies only (not for whatever the
+  device was given since), fills in the placeholders and hands back one
+  SampledToken per sequence.
 
 Failures the hooks find (no token left by the grammar, a failing logits
 processor) are known at launch and handed back at collect with the tokens.
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.grammar.bitmask import GrammarMask
-from services.engine.logprobs import LogprobQuery, PositionLogprobs, gather
+from services.engine.logprobs import LogprobQuery, LogprobTensors, PositionLogprobs, positions, read_logprobs
 from services.engine.processors.hook import ProcessorHook, uses_processors
 from services.engine.sampler import LogitsHook, SamplerRow, sample
 from services.engine.sequence import Sequence, placeholder
@@ -60,32 +63,38 @@ def _needs_logprob(seq: Sequence) -> bool:
 
 @dataclass(frozen=True)
 class PendingSample:
-    """A launched sampling: its tokens are still on the device, and seqs[i].token_ids[-1] is
-    placeholder(i) until collect() fills it in."""
+    """A launched sampling: its tokens are on the device (and on their way to the host), and
+    seqs[i].token_ids[-1] is placeholder(i) until collect() fills it in."""
 
     seqs: list[Sequence]
     tokens: torch.Tensor  # (N,) int64 on the device, row i for seqs[i]
-    # Rows whose log-probabilities are gathered, and their (P, V) log-probability rows.
+    # Host copies, queued right behind the sampling: later work on the device (the next step's forward
+    # pass) does not delay them.
+    host_tokens: torch.Tensor  # (N,)
+    # Rows whose log-probabilities were read, and the reads (P rows).
     logprob_rows: list[int]
-    logprob_source: torch.Tensor | None
+    host_logprobs: LogprobTensors | None
+    # Completes once the host copies have landed (CUDA); None where copies are done when queued.
+    copied: torch.cuda.Event | None
     # Row -> why it could not be sampled (known when the hooks ran).
     failed: dict[int, str]
 
     def collect(self) -> list[SampledToken]:
-        """Read the tokens back (the step's one wait for the device), fill in the placeholders, and gather
-        the log-probabilities asked for: one SampledToken per sequence, in order."""
-        token_ids: list[int] = self.tokens.tolist()
+        """Wait for the host copies (the step's one wait for the device), fill in the placeholders: one
+        SampledToken per sequence, in order, with the log-probabilities asked for."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        token_ids: list[int] = self.host_tokens.tolist()
         for row, (seq, token) in enumerate(zip(self.seqs, token_ids, strict=True)):
             assert seq.token_ids[-1] == placeholder(row), "a pending token is always its sequence's newest"
             seq.token_ids[-1] = token
-        if self.logprob_source is None:
-            return [SampledToken(token, error=self.failed.get(i)) for i, token in enumerate(token_ids)]
-        queries = []
-        for i in self.logprob_rows:
-            asked = self.seqs[i].request.sampling.logprobs
-            queries.append(LogprobQuery(token_ids[i], asked.top_n, asked.token_ids))
-        gathered = dict(zip(self.logprob_rows, gather(self.logprob_source, queries), strict=True))
-
+        gathered: dict[int, PositionLogprobs] = {}
+        if self.host_logprobs is not None:
+            queries = []
+            for i in self.logprob_rows:
+                asked = self.seqs[i].request.sampling.logprobs
+                queries.append(LogprobQuery(token_ids[i], asked.top_n, asked.token_ids))
+            gathered = dict(zip(self.logprob_rows, positions(self.host_logprobs, queries), strict=True))
         out = []
         for i, token in enumerate(token_ids):
             position = gathered.get(i)
@@ -104,11 +113,13 @@ def launch_sampling(
     eos_token_ids: frozenset[int],
     logprobs_mode: str = "processed",
 ) -> PendingSample:
-    """Queue the step's sampling on the logits' device and append each sequence's placeholder.
+    """Queue the step's sampling and log-probability reads on the logits' device, and their copies to the
+    host; append each sequence's placeholder.
 
     Reads the sequences' histories (penalties, grammar, processors), so their tokens must all be real."""
+    device = logits.device
     if len(rows) != logits.shape[0] or list(rows) != list(range(len(rows))):
-        logits = logits[torch.tensor(list(rows), device=logits.device)]  # (N, V)
+        logits = logits[torch.tensor(list(rows), device=device)]  # (N, V)
     want = [_needs_logprob(seq) for seq in seqs]
     sampler_rows = [
         SamplerRow(
@@ -132,14 +143,23 @@ def launch_sampling(
     failed = {**(processors.failed if processors else {}), **(grammar.failed if grammar else {})}
 
     picked = [i for i, wanted in enumerate(want) if wanted]
-    source = None
+    host_logprobs = None
     if picked:
-        index = torch.tensor(picked, device=logits.device)
+        index = torch.tensor(picked, device=device)  # (P,)
         if logprobs_mode == "processed":
             assert result.logprobs is not None, "the sampler returns logprobs for rows that want them"
             source = result.logprobs[index]  # (P, V)
         else:
             source = torch.log_softmax(logits[index].float(), dim=-1)  # (P, V)
+        asked = [seqs[i].request.sampling.logprobs for i in picked]
+        top_n = max(a.top_n for a in asked)
+        read = read_logprobs(source, result.tokens[index], top_n, [a.token_ids for a in asked])
+        host_logprobs = read.to_host()
+    host_tokens = result.tokens.to("cpu", non_blocking=True)
+    copied = None
+    if device.type == "cuda":
+        copied = torch.cuda.Event()
+        copied.record()
     for row, seq in enumerate(seqs):
         seq.token_ids.append(placeholder(row))
-    return PendingSample(list(seqs), result.tokens, picked, source, failed)
+    return PendingSample(list(seqs), result.tokens, host_tokens, picked, host_logprobs, copied, failed)

@@ -40,7 +40,8 @@ SCHEMA = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0
 
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(EngineConfig(model=tiny_model_dir))
+    # On CPU even beside a GPU: exact comparisons need batches computed alike (see the CUDA test at the end).
+    return load_model(EngineConfig(model=tiny_model_dir, device="cpu"))
 
 
 def request(
@@ -172,6 +173,10 @@ def both(
 def extra_tokens(plain: Transcript, overlapped: Transcript) -> int:
     """Tokens the overlap schedule computed beyond the plain one."""
     return sum(n for plan in overlapped.plans for *_, n in plan) - sum(n for plan in plain.plans for *_, n in plan)
+
+
+def test_on_by_default_only_on_cuda(tiny_model_dir: Path, loaded: LoadedModel) -> None:
+    assert not LLMEngine(EngineConfig(model=tiny_model_dir, num_kv_blocks=16), loaded).overlap
 
 
 def test_batch_takes_pending_tokens_from_the_device(tiny_model_dir: Path, loaded: LoadedModel) -> None:
@@ -378,7 +383,7 @@ def test_prefix_cache_hits(tiny_model_dir: Path, loaded: LoadedModel) -> None:
 def test_thinking_budget_offline(tiny_thinking_model_dir: Path) -> None:
     """The budget processor counts the output so far: it must see the filled-in tokens. Through `LLM`, whose
     engine drains its last pending sampling before generate() returns."""
-    llm = LLM(tiny_thinking_model_dir, num_kv_blocks=128, overlap_schedule=True)
+    llm = LLM(tiny_thinking_model_dir, device="cpu", num_kv_blocks=128, overlap_schedule=True)
     end = llm.engine.vocab.token_id("</think>")
     assert end is not None
     text = llm.tokenizer.apply_chat_template(
@@ -443,3 +448,28 @@ async def test_engine_loop_streams_and_drains(tiny_model_dir: Path, loaded: Load
         loop.shutdown()
     core.block_manager.check_integrity()
     assert core.block_manager.usage == 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_overlap_gives_the_plain_outputs(tiny_model_dir: Path) -> None:
+    """Where the device really runs ahead: tokens and log-probabilities reach the host through pinned
+    copies and an event, while the next forward pass is queued. Only ends by length, so both schedules
+    compute the same batches and the comparison can be exact."""
+    cuda = load_model(EngineConfig(model=tiny_model_dir, device="cuda", dtype="float32"))
+    assert LLMEngine(EngineConfig(model=tiny_model_dir, num_kv_blocks=16), cuda).overlap
+    top = common_pb2.LogprobOptions(return_logprob=True, top_logprobs_num=2, token_ids_logprob=[5])
+    prompt_lp = common_pb2.LogprobOptions(logprob_start_len=2, input_top_logprobs_num=1)
+    penalties: dict[str, Any] = {"repetition_penalty": 1.3, "frequency_penalty": 0.4}
+    arrivals = {
+        0: [
+            request(cuda, "g", temperature=0.0, max_new_tokens=16, ignore_eos=True),
+            request(cuda, "n", (4, 5), n=3, temperature=1.0, seed=2, max_new_tokens=12, ignore_eos=True, **penalties),
+        ],
+        2: [
+            request(cuda, "lp", PROMPT[:20], top, temperature=0.7, seed=5, max_new_tokens=10, ignore_eos=True),
+            request(cuda, "p", PROMPT[3:], prompt_lp, temperature=0.0, max_new_tokens=6, ignore_eos=True),
+        ],
+    }
+    plain, overlapped = both(tiny_model_dir, cuda, arrivals, num_kv_blocks=64)
+    assert overlapped.computed() == plain.computed()
+    assert len(plain.samples[("lp", 0)].logprobs) == 10 and plain.samples[("p", 0)].input_logprobs
