@@ -67,10 +67,12 @@ def run_requests(engine: LLMEngine, requests: list[EngineRequest]) -> Trace:
     device = engine.loaded.device
     trace = Trace(prompt_tokens=sum(len(r.input_ids) for r in requests))
     batches: list[Batch] = []
-    original: Callable[[list[ScheduledSequence], BlockManager], Batch] = engine.runner.build_batch
+    original: Callable[[list[ScheduledSequence], BlockManager, torch.Tensor | None], Batch] = engine.runner.build_batch
 
-    def recorded(scheduled: list[ScheduledSequence], block_manager: BlockManager) -> Batch:
-        batch = original(scheduled, block_manager)
+    def recorded(
+        scheduled: list[ScheduledSequence], block_manager: BlockManager, pending_tokens: torch.Tensor | None = None
+    ) -> Batch:
+        batch = original(scheduled, block_manager, pending_tokens)
         batches.append(batch)
         return batch
 

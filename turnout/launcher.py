@@ -154,6 +154,8 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     for switch in ("enable_custom_logit_processor", "disable_cuda_graph"):
         if getattr(args, switch):
             flags.append(f"--{switch.replace('_', '-')}")
+    if args.overlap_schedule is not None:
+        flags.append("--enable-overlap-schedule" if args.overlap_schedule else "--disable-overlap-schedule")
     return flags
 
 
@@ -222,6 +224,21 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--enable-custom-logit-processor",
         action="store_true",
         help="engine: accept serialized custom logit processors (runs client code: trusted clients only)",
+    )
+    overlap = parser.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--disable-overlap-schedule",
+        dest="overlap_schedule",
+        action="store_false",
+        default=None,
+        help="engine: postprocess each step before scheduling the next (default: overlapped on CUDA)",
+    )
+    overlap.add_argument(
+        "--enable-overlap-schedule",
+        dest="overlap_schedule",
+        action="store_true",
+        default=None,
+        help="engine: postprocess each step while the device runs the next, even on CPU",
     )
     parser.add_argument(
         "--gpu-memory-utilization",

@@ -59,6 +59,9 @@ class EngineConfig:
     think_end_token: str = "</think>"
     # Accept custom logits processors serialized by clients: runs client code, trusted clients only.
     enable_custom_logit_processor: bool = False
+    # Postprocess each step on the CPU while the device runs the next one (llm_engine.py). None: on
+    # for CUDA devices, off on CPU, where nothing runs asynchronously.
+    overlap_schedule: bool | None = None
     # Port of the Prometheus /metrics HTTP endpoint (None: not served).
     metrics_port: int | None = None
     # CUDA graphs for decode-only batches (CUDA and a graph-safe attention backend only), captured for

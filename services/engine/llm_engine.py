@@ -1,6 +1,23 @@
 """The engine core: requests in, one step at a time, outputs out.
 
-    step = schedule -> build batch -> run model -> sample -> postprocess -> emit
+    step N = schedule N -> build batch -> run model          (queued on the device)
+             -> collect step N-1's tokens -> postprocess N-1 (stops, grammar, emit)
+             -> reap aborted -> commit N -> launch sampling N (tokens stay on the device)
+             [-> collect N -> postprocess N, without the overlap schedule]
+
+With the overlap schedule (the default on CUDA) the CPU postprocesses step N-1
+while the device runs step N's forward pass: a launched sampling leaves a
+placeholder in each sequence (sequence.py) so the scheduler, which only counts
+tokens, can schedule the next decode before the token is known, and the batch
+takes it from the device. Collecting N-1 before committing and sampling N means
+that everything reading token values (prefix-cache hashing, penalties, grammar,
+processors, stops, emitted outputs) sees real tokens, and reaping aborted
+requests after it means an aborted sequence emits its pending token, never the
+placeholder. A sequence that stopped at N-1 while scheduled in N wastes that
+one computed token: it is dropped from the commit and the sampling (one ending
+by length or aborted is not scheduled at all: Sequence.is_ending). Without the
+overlap each step collects its own sampling at once: the same code, in the
+same order.
 
 Synchronous and single-threaded: `EngineLoop` runs it on its own thread for the
 gRPC service, `LLM` calls it directly for offline use. Nothing here knows gRPC.
@@ -29,7 +46,7 @@ from services.engine.sampling_validation import Limits
 from services.engine.scheduler import Policy, Scheduler
 from services.engine.sequence import Sequence
 from services.engine.sequence_group import SequenceGroup
-from services.engine.step_sampler import SampledToken, sample_step
+from services.engine.step_sampler import PendingSample, SampledToken, launch_sampling
 from services.engine.vocab import ModelVocab
 from turnout.errors import InvalidArgument
 
@@ -67,6 +84,12 @@ class LLMEngine:
         # Captured after the KV cache exists: the graphs record its addresses.
         graphs = build_decode_graphs(config, self.loaded, backend)
         self.runner = ModelRunner(self.loaded.model, backend, config.block_size, self.loaded.device, graphs)
+        # On by default where the device runs asynchronously (CUDA); on CPU there is nothing to overlap.
+        overlap = config.overlap_schedule
+        self.overlap = overlap if overlap is not None else self.loaded.device.type == "cuda"
+        # The last launched sampling while its tokens are on the device (overlap schedule only, between steps).
+        self._pending: PendingSample | None = None
+        log.info("overlap schedule " + ("on" if self.overlap else "off"), extra={"overlap_schedule": self.overlap})
         self._groups: dict[str, SequenceGroup] = {}
         # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
         self.vocab = ModelVocab(config.model, self.loaded.vocab_size, self.loaded.eos_token_ids)
@@ -128,7 +151,8 @@ class LLMEngine:
         if not chosen:
             group.abort_message = message
         for seq in group.seqs:
-            if seq.index in chosen:
+            if not chosen or seq.index in chosen:
+                # Also marked when the whole request ends: the scheduler leaves out aborted sequences.
                 seq.abort_message = message
         return True
 
@@ -147,26 +171,48 @@ class LLMEngine:
     # -- the step -------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
-        outputs = self._reap_aborted()
         scheduled = self.scheduler.schedule()
-        if not scheduled.scheduled:
-            return outputs
-        batch = self.runner.build_batch(scheduled.scheduled, self.block_manager)
-        logits = self.runner.run(batch)
-        seqs, rows, forks = self._expand_forks(batch.sample_seqs)
-        sampled = sample_step(logits.sample, rows, seqs, self.loaded.eos_token_ids, self.config.logprobs_mode)
-        self.scheduler.commit(scheduled)
-        self._collect_prompt_logprobs(batch, logits)
-        for child in forks:
-            self.scheduler.add_fork(self._groups[child.request.request_id].seqs[0], child)
-        outputs += self._postprocess(seqs, sampled)
+        ran: tuple[Batch, StepLogits] | None = None
+        if scheduled.scheduled:
+            pending_tokens = self._pending.tokens if self._pending is not None else None
+            batch = self.runner.build_batch(scheduled.scheduled, self.block_manager, pending_tokens)
+            ran = batch, self.runner.run(batch)
+        outputs = self._collect()  # the previous step's tokens, while the device runs this one
+        outputs += self._reap_aborted()
+        if ran is not None:
+            batch, logits = ran
+            self.scheduler.commit(scheduled)
+            self._collect_prompt_logprobs(batch, logits)
+            self._launch(batch, logits)
+        if not self.overlap:
+            outputs += self._collect()
         return outputs
 
-    def _expand_forks(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[int], list[Sequence]]:
-        """Every sample of a request whose prefill just completed draws its first token from the same row."""
-        rows = list(range(len(seqs)))
+    def _launch(self, batch: Batch, logits: StepLogits) -> None:
+        """Queue the sampling of the batch's sequences still running; their forked samples join the batch."""
+        seqs, rows, forks = self._expand_forks(batch.sample_seqs)
+        if not seqs:
+            return
+        eos = self.loaded.eos_token_ids
+        self._pending = launch_sampling(logits.sample, rows, seqs, eos, self.config.logprobs_mode)
+        for child in forks:
+            self.scheduler.add_fork(self._groups[child.request.request_id].seqs[0], child)
+
+    def _collect(self) -> list[StepOutput]:
+        """Postprocess the pending sampling, if any."""
+        if self._pending is None:
+            return []
+        pending, self._pending = self._pending, None
+        return self._postprocess(pending.seqs, pending.collect())
+
+    def _expand_forks(self, sampled: list[Sequence]) -> tuple[list[Sequence], list[int], list[Sequence]]:
+        """The sequences to sample and their logits rows: those of `sampled` still running (one finished
+        while its step ran leaves its row unused), then the new samples of each request whose prefill just
+        completed, drawing their first token from its row."""
+        alive = [(row, seq) for row, seq in enumerate(sampled) if not seq.is_finished]
+        seqs, rows = [seq for _, seq in alive], [row for row, _ in alive]
         forks: list[Sequence] = []
-        for row, seq in enumerate(seqs):
+        for row, seq in alive:
             group = self._groups[seq.request.request_id]
             if group.needs_fork(seq):
                 children = group.fork()
@@ -180,6 +226,9 @@ class LLMEngine:
         offset = 0
         for part in batch.prompt_rows:
             seq, asked = part.seq, part.seq.request.sampling.logprobs
+            if seq.is_finished:  # aborted while its step ran
+                offset += part.count
+                continue
             targets = seq.token_ids[part.first_target : part.first_target + part.count]
             queries = [LogprobQuery(t, asked.prompt_top_n, asked.token_ids) for t in targets]
             hidden = logits.prompt_hidden[offset : offset + part.count]
@@ -203,13 +252,14 @@ class LLMEngine:
         return outputs
 
     def _postprocess(self, seqs: list[Sequence], sampled: list[SampledToken]) -> list[StepOutput]:
+        """Each sequence's newest token is sampled[i].token_id (collected): keep it or end the sequence."""
         outputs = []
         for seq, token in zip(seqs, sampled, strict=True):
             refused = token.error or self._grammar_refuses(seq, token.token_id)
             if refused:
+                seq.token_ids.pop()  # not kept
                 outputs.append(self._finish(seq, Finish("abort", message=refused)))
                 continue
-            seq.token_ids.append(token.token_id)
             if token.logprob is not None:
                 seq.cumulative_logprob += token.logprob
             if token.logprobs is not None:

@@ -1,5 +1,8 @@
 """Log-probabilities of chosen tokens, their top alternatives and requested ids, from (R, V) log-prob rows.
 
+gather() does it at once; the engine's sampling splits it: read_logprobs queues the reads on the device,
+positions() turns their host copies into results once the tokens are known on the host.
+
 Output positions use the sampler's distribution (after bias, penalties, masks
 and temperature; `--logprobs-mode processed`, the default) or the model's raw
 distribution (`raw`). Prompt positions always use the raw distribution, as in
@@ -41,30 +44,64 @@ class LogprobQuery:
     requested: tuple[int, ...] = ()
 
 
-def gather(logprobs: torch.Tensor, queries: Sequence[LogprobQuery]) -> list[PositionLogprobs]:
-    """logprobs (R, V) float32 log-probabilities, one query per row -> one PositionLogprobs per row."""
-    if not queries:
-        return []
-    device = logprobs.device
-    targets = torch.tensor([q.token_id for q in queries], dtype=torch.int64, device=device)  # (R,)
-    chosen = logprobs.gather(1, targets[:, None])  # (R, 1)
-    # Rank = 1 + tokens strictly more likely; ties share the better rank.
-    ranks = (logprobs > chosen).sum(dim=1) + 1  # (R,)
-    k = min(max(q.top_n for q in queries), logprobs.shape[1])
-    top_values, top_ids = logprobs.topk(k, dim=1) if k else (None, None)  # (R, k)
-    width = max(len(q.requested) for q in queries)
-    requested_values = None
-    if width:
-        ids = torch.tensor([list(q.requested) + [0] * (width - len(q.requested)) for q in queries], device=device)
-        requested_values = logprobs.gather(1, ids)  # (R, width)
-        requested_ranks = (logprobs[:, None, :] > requested_values[:, :, None]).sum(dim=2) + 1  # (R, width)
+@dataclass(frozen=True)
+class LogprobTensors:
+    """What gather() reads from (R, V) log-probability rows, still as tensors: on the rows' device until
+    to_host(), so the reads can be queued without waiting for the device."""
 
-    chosen_list = chosen.squeeze(1).tolist()
-    ranks_list = ranks.tolist()
-    top_v = top_values.tolist() if top_values is not None else None
-    top_i = top_ids.tolist() if top_ids is not None else None
-    req_v = requested_values.tolist() if requested_values is not None else None
-    req_r = requested_ranks.tolist() if requested_values is not None else None
+    chosen: torch.Tensor  # (R,) log-probability of each row's target token
+    ranks: torch.Tensor  # (R,) 1 + tokens strictly more likely (ties share the better rank)
+    top_values: torch.Tensor | None  # (R, k) the k most likely, k = the largest top_n asked; None: k = 0
+    top_ids: torch.Tensor | None  # (R, k)
+    requested_values: torch.Tensor | None  # (R, W) listed ids, padded to the longest list; None: none listed
+    requested_ranks: torch.Tensor | None  # (R, W)
+
+    def to_host(self) -> LogprobTensors:
+        """The same values on the host. From a CUDA device the copies are only queued (into pinned memory):
+        read them once an event recorded after this call has completed."""
+
+        def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to("cpu", non_blocking=True)
+
+        return LogprobTensors(
+            self.chosen.to("cpu", non_blocking=True),
+            self.ranks.to("cpu", non_blocking=True),
+            copy(self.top_values),
+            copy(self.top_ids),
+            copy(self.requested_values),
+            copy(self.requested_ranks),
+        )
+
+
+def read_logprobs(
+    logprobs: torch.Tensor,  # (R, V) float32 log-probabilities
+    targets: torch.Tensor,  # (R,) int64 on the same device: each row's token
+    top_n: int,  # alternatives to read per row (the largest any row asks for)
+    requested: Sequence[tuple[int, ...]],  # ids whose log-probabilities each row asks for
+) -> LogprobTensors:
+    """Queue the reads on the rows' device; nothing waits for it."""
+    device = logprobs.device
+    chosen = logprobs.gather(1, targets[:, None])  # (R, 1)
+    ranks = (logprobs > chosen).sum(dim=1) + 1  # (R,)
+    k = min(top_n, logprobs.shape[1])
+    top_values, top_ids = logprobs.topk(k, dim=1) if k else (None, None)  # (R, k)
+    width = max((len(ids) for ids in requested), default=0)
+    requested_values = requested_ranks = None
+    if width:
+        ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in requested], device=device)  # (R, W)
+        requested_values = logprobs.gather(1, ids)  # (R, W)
+        requested_ranks = (logprobs[:, None, :] > requested_values[:, :, None]).sum(dim=2) + 1  # (R, W)
+    return LogprobTensors(chosen.squeeze(1), ranks, top_values, top_ids, requested_values, requested_ranks)
+
+
+def positions(read: LogprobTensors, queries: Sequence[LogprobQuery]) -> list[PositionLogprobs]:
+    """Host reads, one query per row (its token_id the row's target) -> one PositionLogprobs per row."""
+    chosen_list = read.chosen.tolist()
+    ranks_list = read.ranks.tolist()
+    top_v = read.top_values.tolist() if read.top_values is not None else None
+    top_i = read.top_ids.tolist() if read.top_ids is not None else None
+    req_v = read.requested_values.tolist() if read.requested_values is not None else None
+    req_r = read.requested_ranks.tolist() if read.requested_ranks is not None else None
     out = []
     for row, query in enumerate(queries):
         top: tuple[TokenLogprob, ...] = ()
@@ -79,6 +116,15 @@ def gather(logprobs: torch.Tensor, queries: Sequence[LogprobQuery]) -> list[Posi
             )
         out.append(PositionLogprobs(TokenLogprob(query.token_id, chosen_list[row], ranks_list[row]), top, requested))
     return out
+
+
+def gather(logprobs: torch.Tensor, queries: Sequence[LogprobQuery]) -> list[PositionLogprobs]:
+    """logprobs (R, V) float32 log-probabilities, one query per row -> one PositionLogprobs per row."""
+    if not queries:
+        return []
+    targets = torch.tensor([q.token_id for q in queries], dtype=torch.int64, device=logprobs.device)  # (R,)
+    read = read_logprobs(logprobs, targets, max(q.top_n for q in queries), [q.requested for q in queries])
+    return positions(read, queries)
 
 
 def prompt_logprobs(

@@ -58,6 +58,21 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
     sched.add_argument("--max-running-requests", type=int, default=256)
     sched.add_argument("--scheduling-policy", default="fcfs", help="fcfs, or priority (request field `priority`)")
+    overlap = sched.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--disable-overlap-schedule",
+        dest="overlap_schedule",
+        action="store_false",
+        default=None,
+        help="postprocess each step before scheduling the next (default: overlapped with the device on CUDA)",
+    )
+    overlap.add_argument(
+        "--enable-overlap-schedule",
+        dest="overlap_schedule",
+        action="store_true",
+        default=None,
+        help="postprocess each step while the device runs the next, even on CPU",
+    )
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument(
         "--sampling-defaults",
@@ -115,6 +130,7 @@ def run(args: argparse.Namespace) -> None:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_running_requests=args.max_running_requests,
             scheduling_policy=args.scheduling_policy,
+            overlap_schedule=args.overlap_schedule,
             sampling_defaults=args.sampling_defaults,
             max_logprobs=args.max_logprobs,
             logprobs_mode=args.logprobs_mode,

@@ -1,9 +1,12 @@
 """Builds one step's batch tensors, runs the model, returns the logits to sample from.
 
 Only sequences whose computed tokens reach their last token this step get
-logits (a prefill chunk that ends mid-prompt produces none). With decode graphs
-(cuda_graphs.py), a decode-only batch they fit replays a CUDA graph instead of
-running the model eagerly; any other batch runs eagerly.
+logits (a prefill chunk that ends mid-prompt produces none). A token whose
+sampling is still pending (a placeholder, see sequence.py) is taken from the
+previous step's token tensor on the device: building a batch never waits for
+the device. With decode graphs (cuda_graphs.py), a decode-only batch they fit
+replays a CUDA graph instead of running the model eagerly; any other batch runs
+eagerly.
 """
 
 from __future__ import annotations
@@ -63,7 +66,12 @@ class ModelRunner:
         self.device = device
         self.graphs = graphs
 
-    def build_batch(self, scheduled: list[ScheduledSequence], block_manager: BlockManager) -> Batch:
+    def build_batch(
+        self,
+        scheduled: list[ScheduledSequence],
+        block_manager: BlockManager,
+        pending_tokens: torch.Tensor | None = None,  # (N,) the pending step's tokens, when there is one
+    ) -> Batch:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -98,7 +106,10 @@ class ModelRunner:
         padded = [t + [0] * (width - len(t)) for t in tables]
 
         def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=self.device)
+            # Pinned and non-blocking on CUDA: the copy queues behind the device's work instead of waiting
+            # for it to finish.
+            host = torch.tensor(values, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            return host.to(self.device, non_blocking=True)
 
         context = ForwardContext(
             backend=self.backend,
@@ -110,7 +121,14 @@ class ModelRunner:
             query_lens_cpu=[item.num_new_tokens for item in scheduled],
             seq_lens_cpu=seq_lens,
         )
-        return Batch(tensor(input_ids), context, tensor(sample_rows), sample_seqs, prompt_rows)
+        ids = tensor(input_ids)  # (T,)
+        if min(input_ids) < 0:
+            if pending_tokens is None:
+                raise ValueError("the batch holds pending tokens (placeholders) but no pending_tokens were given")
+            # placeholder(row) = -(row + 1): the token at that row of the pending step's tensor.
+            rows = (-ids - 1).clamp_(min=0)  # (T,)
+            ids = torch.where(ids < 0, pending_tokens[rows], ids)
+        return Batch(ids, context, tensor(sample_rows), sample_seqs, prompt_rows)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepLogits:

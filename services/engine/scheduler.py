@@ -8,6 +8,12 @@ blocks it needs, the most recently admitted sequence (or, with priority
 scheduling, the least important one) is preempted: its blocks are freed and
 it waits to be recomputed (prefix caching usually makes that cheap).
 
+A sequence known to end at the engine's next postprocess (Sequence.is_ending:
+aborted, or holding its last allowed token, maybe still on the device) needs
+no more K/V: it leaves the running queue and gives its blocks back before the
+step is planned, as if it had finished already, and a waiting one is not
+admitted. The engine finishes it (remove()).
+
 The scheduler knows nothing about gRPC or the model: it moves Sequences
 between queues and asks the BlockManager for blocks.
 """
@@ -70,8 +76,9 @@ class Scheduler:
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """Run a new sample of the parent's request at once, on the parent's computed full prompt blocks.
 
-        The child holds its first sampled token; it computes the prompt's partial last block and that
-        token itself (less than a block plus one), then decodes like any other running sequence.
+        The child holds its first sampled token (maybe still a placeholder); it computes the prompt's partial
+        last block and that token itself (less than a block plus one), then decodes like any other running
+        sequence.
         """
         shared = self.block_manager.fork(parent.seq_id, child.seq_id, parent.num_prompt_tokens)
         child.num_computed_tokens = shared
@@ -91,6 +98,7 @@ class Scheduler:
         seq.status = Status.FINISHED
 
     def schedule(self) -> SchedulerOutput:
+        self._release_ending()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
@@ -112,8 +120,11 @@ class Scheduler:
                 budget -= num_new
 
         # Admitting while preempting would only thrash the cache.
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_running_requests:
-            seq = self.waiting[0]
+        for seq in [] if preempted else list(self.waiting):
+            if budget == 0 or len(self.running) >= self.max_running_requests:
+                break
+            if seq.is_ending:
+                continue
             # Prompt log-probabilities need every prompt position computed, so no prefix hit then.
             use_cache = seq.prompt_logprob_start is None
             cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids) if use_cache else 0
@@ -121,7 +132,7 @@ class Scheduler:
             if not self.block_manager.allocate(seq.seq_id, cached + num_new):
                 self.block_manager.free(seq.seq_id)
                 break
-            self.waiting.pop(0)
+            self.waiting.remove(seq)
             seq.num_computed_tokens = cached
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = cached
@@ -133,11 +144,20 @@ class Scheduler:
         return SchedulerOutput(scheduled, preempted)
 
     def commit(self, output: SchedulerOutput) -> None:
-        """The step's tokens now have K/V in the cache: advance the counts, publish full blocks."""
+        """The step's tokens now have K/V in the cache: advance the counts, publish full blocks. A sequence
+        finished since it was scheduled (the engine postprocessed its previous token meanwhile) has no
+        blocks left and is skipped."""
         for item in output.scheduled:
             seq = item.seq
+            if seq.is_finished:
+                continue
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+
+    def _release_ending(self) -> None:
+        for seq in [seq for seq in self.running if seq.is_ending]:
+            self.running.remove(seq)
+            self.block_manager.free(seq.seq_id)
 
     def _preemption_victim(self) -> Sequence:
         if self.policy == "priority":

@@ -12,6 +12,15 @@ preemption are all "compute the next tokens until the two counts meet":
 After a step that brings num_computed_tokens up to num_tokens the model has
 produced logits for the last token, and the sampled token is appended (so in
 decode, num_computed_tokens trails num_tokens by exactly one).
+
+A sampled token may still be on the device (see step_sampler.PendingSample):
+until its step is collected, its place holds placeholder(row), a negative id
+naming its row in that step's token tensor. The counts are already right, so
+the scheduler can schedule the next decode at once, and ModelRunner.build_batch
+swaps placeholders for the tokens on the device. Only the newest token can be
+one, and only one step's at a time: the engine collects a step before it
+commits the next, and committing is when full blocks are hashed into the
+prefix cache, so a placeholder is never hashed.
 """
 
 from __future__ import annotations
@@ -30,6 +39,11 @@ if TYPE_CHECKING:
     from services.engine.grammar.state import GrammarState
 
 _arrival = itertools.count()
+
+
+def placeholder(row: int) -> int:
+    """The stand-in id of the token at `row` of a launched step's token tensor (real ids are >= 0)."""
+    return -(row + 1)
 
 
 class Status(enum.Enum):
@@ -51,7 +65,8 @@ class Sequence:
     num_cached_tokens: int = 0
     status: Status = Status.WAITING
     finish: Finish | None = None
-    # Set when only this sample must stop (its stop string matched); finished at the next step.
+    # Set when this sample must stop (its stop string matched, or its whole request was aborted);
+    # finished at the next step.
     abort_message: str | None = None
     # Output tokens not yet handed to the caller.
     num_emitted: int = 0
@@ -124,6 +139,12 @@ class Sequence:
     def max_total_tokens(self) -> int:
         """Tokens the sequence may hold at most: prompt + max_new_tokens."""
         return self.num_prompt_tokens + self.request.sampling.max_new_tokens
+
+    @property
+    def is_ending(self) -> bool:
+        """Ends at the engine's next postprocess whatever it computes: it was aborted, or its newest token
+        (maybe a placeholder) is the last max_new_tokens allows. It computes nothing more (scheduler.py)."""
+        return self.abort_message is not None or self.num_output_tokens >= self.request.sampling.max_new_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -10,7 +10,7 @@ from services.engine.block_manager import BlockManager
 from services.engine.request import EngineRequest
 from services.engine.sampling_params import SamplingSettings
 from services.engine.scheduler import Policy, Scheduler, SchedulerOutput
-from services.engine.sequence import Sequence, Status
+from services.engine.sequence import Sequence, Status, placeholder
 
 BLOCK = 4
 
@@ -150,3 +150,41 @@ def test_remove_frees_blocks_of_running_and_waiting(harness_factory: type[Harnes
     h.scheduler.remove(a)
     h.scheduler.remove(b)
     assert h.blocks.usage == 0.0 and not h.scheduler.has_work()
+
+
+def test_sequence_holding_its_last_token_is_released_before_planning(harness_factory: type[Harness]) -> None:
+    """With the overlap schedule a sampled token may still be pending (a placeholder); the counts alone say
+    the sequence ends by length, so it computes nothing more and its blocks and running slot are reused."""
+    h = harness_factory(blocks=3, budget=64, max_running=1)
+    done, queued = make_seq("done", list(range(7)), max_new=2), make_seq("queued", list(range(50, 57)))
+    h.scheduler.add(done)
+    h.scheduler.add(queued)
+    assert plan(h.step()) == [("done", 7)]  # 2 blocks; the running cap holds "queued" back
+    done.token_ids.append(placeholder(0))  # its second and last token, still on the device
+    assert done.is_ending and not done.is_finished
+    out = h.scheduler.schedule()
+    assert plan(out) == [("queued", 7)] and not out.preempted  # admitted on the blocks "done" gave back
+    assert h.blocks.block_table("done#0") == [] and h.scheduler.running == [queued]
+    h.scheduler.remove(done)  # the engine finishes it once its token is collected
+    assert done.is_finished and h.scheduler.running == [queued]
+
+
+def test_aborted_waiting_sequence_is_passed_over(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=32, budget=64)
+    first, second = make_seq("first", [1, 2, 3]), make_seq("second", [4, 5, 6])
+    h.scheduler.add(first)
+    h.scheduler.add(second)
+    first.abort_message = "client left"
+    assert plan(h.step()) == [("second", 3)]
+    assert h.scheduler.waiting == [first] and h.blocks.block_table("first#0") == []
+
+
+def test_commit_skips_a_sequence_finished_while_its_step_ran(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=32, budget=64)
+    a, b = make_seq("a", list(range(5))), make_seq("b", list(range(10, 15)))
+    h.scheduler.add(a)
+    h.scheduler.add(b)
+    out = h.scheduler.schedule()
+    h.scheduler.remove(a)  # stopped on its previous token while this step ran
+    h.scheduler.commit(out)
+    assert a.num_computed_tokens == 0 and b.num_computed_tokens == 5

@@ -40,7 +40,8 @@ from services.engine.sampler.types import LogitsHook, SamplerOutput, SamplerRow
 
 
 def sample(logits: torch.Tensor, rows: Sequence[SamplerRow], extra_masks: Sequence[LogitsHook] = ()) -> SamplerOutput:
-    """logits (N, V) float32 on any device (not modified) -> one token id per row.
+    """logits (N, V) float32 on any device (not modified) -> one token id per row, left on the device
+    (`SamplerOutput.tokens`; `.token_ids` reads them back).
 
     extra_masks: hooks run after the built-in bans and before temperature, in order (the place
     for a grammar bitmask and custom logits processors); each edits the (N, V) logits in place.
@@ -48,10 +49,10 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplerRow], extra_masks: Sequen
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits {tuple(logits.shape)} must be (N, V) with one row per SamplerRow ({len(rows)})")
     if not rows:
-        return SamplerOutput(token_ids=[], logprobs=None)
+        return SamplerOutput(tokens=torch.empty(0, dtype=torch.long, device=logits.device), logprobs=None)
     batch = SamplerBatch(rows, logits.shape[-1], logits.device)
     if batch.plain_greedy and not extra_masks:
-        return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=None)
+        return SamplerOutput(tokens=logits.argmax(dim=-1), logprobs=None)
 
     x = logits.to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True)  # (N, V), ours to edit
     if batch.uses_bias:
@@ -74,7 +75,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplerRow], extra_masks: Sequen
         tokens.index_copy_(0, greedy, x.index_select(0, greedy).argmax(dim=-1))
     if batch.random_rows:
         tokens.index_copy_(0, batch.index(batch.random_rows), _draw(x, batch))
-    return SamplerOutput(token_ids=tokens.tolist(), logprobs=logprobs)
+    return SamplerOutput(tokens=tokens, logprobs=logprobs)
 
 
 def _draw(x: torch.Tensor, batch: SamplerBatch) -> torch.Tensor:

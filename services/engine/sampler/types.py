@@ -7,6 +7,7 @@ grammar bitmask (grammar/bitmask.py) and logits processors (processors/hook.py) 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,12 +39,18 @@ class SamplerRow:
 
 @dataclass(frozen=True)
 class SamplerOutput:
-    # One sampled token id per row.
-    token_ids: list[int]
+    # (N,) int64 on the logits' device: one sampled token id per row, not read back to the host
+    # (the engine keeps a step's tokens on the device until it needs them; see step_sampler.py).
+    tokens: torch.Tensor
     # (N, V) float32 log_softmax of the distribution sampled from: logits after bias, penalties,
     # masks and temperature (dynatemp included), before the truncation samplers. Greedy rows use
     # temperature 1. None when no row wants logprobs; rows that did not ask may hold anything.
     logprobs: torch.Tensor | None
+
+    @functools.cached_property
+    def token_ids(self) -> list[int]:
+        """The tokens on the host (waits for the device on first use)."""
+        return self.tokens.tolist()  # type: ignore[no-any-return]
 
 
 class LogitsHook(Protocol):
