@@ -4,7 +4,7 @@
 2. batch-1 decode (prompt 128, 256 out) and its fraction of the bandwidth floor;
 3. throughput at 64 and 256 concurrent requests (512 random token ids in, 256 out);
 4. time to first token of one 2048-token prompt, against the FLOP floor;
-5. CUDA graphs on vs off (when EngineConfig has `disable_cuda_graph`);
+5. CUDA graphs on vs off;
 6. the same 64-request workload through `transformers.generate` (the baseline);
 7. the Triton kernels alone, against the bandwidth floor (those in the tree).
 
@@ -24,7 +24,7 @@ import gc
 import json
 import statistics
 import tempfile
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +122,7 @@ class Bench:
             max_running_requests=max(w.concurrency),
             max_num_batched_tokens=w.max_num_batched_tokens,
         )
-        variants = graph_variants(base)
-        graphs_on = variants[0] if isinstance(variants, tuple) else base
+        graphs_on, graphs_off = graph_variants(base)
         loaded = random_loaded_model(base)
         vocab = loaded.vocab_size
 
@@ -137,14 +136,11 @@ class Bench:
         del engine
         self.release()
 
-        if isinstance(variants, tuple):
-            engine = LLMEngine(variants[1], loaded)
-            report.graphs_off_decode = self.measure(engine, shape, self.decode_prompts(vocab), w.decode_output)
-            prompts = self.throughput_prompts(w.baseline_concurrency, vocab)
-            report.graphs_off_throughput = self.measure(engine, shape, prompts, w.throughput_output)
-            del engine
-        else:
-            report.graphs_note = variants
+        engine = LLMEngine(graphs_off, loaded)
+        report.graphs_off_decode = self.measure(engine, shape, self.decode_prompts(vocab), w.decode_output)
+        prompts = self.throughput_prompts(w.baseline_concurrency, vocab)
+        report.graphs_off_throughput = self.measure(engine, shape, prompts, w.throughput_output)
+        del engine
         del loaded
         self.release()
 
@@ -164,19 +160,12 @@ class Bench:
         return report
 
 
-def graph_variants(base: EngineConfig) -> tuple[EngineConfig, EngineConfig] | str:
-    """(graphs on, graphs off) configs, or why they cannot be compared (the field is not there yet)."""
-    if "disable_cuda_graph" not in {f.name for f in fields(base)}:
-        return "not measured: EngineConfig has no `disable_cuda_graph` field in this tree (no CUDA graphs yet)"
-    switch: dict[str, Any] = {"disable_cuda_graph": False}
-    graphs_on = replace(base, **switch)
-    switch["disable_cuda_graph"] = True
-    return graphs_on, replace(base, **switch)
+def graph_variants(base: EngineConfig) -> tuple[EngineConfig, EngineConfig]:
+    """(graphs on, graphs off) configs, otherwise the same."""
+    return replace(base, disable_cuda_graph=False), replace(base, disable_cuda_graph=True)
 
 
 def graphs_state(config: EngineConfig) -> str:
-    if not hasattr(config, "disable_cuda_graph"):
-        return "no CUDA graphs in this tree"
     if config.device != "cuda":
         return "CUDA graphs off (not a CUDA device)"
     return "CUDA graphs off (disabled)" if config.disable_cuda_graph else "CUDA graphs on"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.hf_baseline import generate_batch
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
@@ -133,21 +134,7 @@ def run_transformers(
     generated = 0
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i : i + batch_size]
-        width = max(len(p) for p in chunk)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=device)  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
-        with torch.inference_mode():
-            out = model.generate(  # type: ignore[misc]
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=output_len,
-                min_new_tokens=output_len,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        assert isinstance(out, torch.Tensor)
-        generated += (out.shape[1] - width) * len(chunk)
+        generated += generate_batch(model, prompts[i : i + batch_size], output_len).output_tokens
     return time.perf_counter() - start, generated
 
 

@@ -54,7 +54,6 @@ class ShapeReport:
     # Graphs off: batch-1 decode and the baseline concurrency; or why not measured.
     graphs_off_decode: Measurement | None = None
     graphs_off_throughput: Measurement | None = None
-    graphs_note: str | None = None
     baseline: GenerateRun | None = None
     kernels: list[KernelResult] = field(default_factory=list)
 
@@ -130,8 +129,6 @@ def shape_rows(report: ShapeReport, workload: Workload) -> list[tuple[str, str]]
 
 
 def graph_rows(report: ShapeReport, w: Workload) -> list[tuple[str, str]]:
-    if report.graphs_note is not None:
-        return [("CUDA graphs off vs on", report.graphs_note)]
     rows = []
     on, off = report.decode, report.graphs_off_decode
     if on is not None and off is not None and on.decode_step_ms and off.decode_step_ms:
