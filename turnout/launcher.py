@@ -244,7 +244,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--gpu-memory-utilization",
         type=float,
         default=None,
-        help="engine, CUDA: share of the device's memory in use once the KV pool is allocated (engine default: 0.9)",
+        help="engine, CUDA: share of the device's memory each engine may use, KV pool included (engine default: 0.9)",
     )
     parser.add_argument(
         "--disable-cuda-graph", action="store_true", help="engine: run decode steps eagerly, without CUDA graphs"

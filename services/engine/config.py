@@ -37,7 +37,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_gib: float | None = None
-    # Share of the CUDA device's total memory in use (by anyone) once the KV pool is allocated.
+    # Share of the CUDA device's total memory this engine may use, its KV pool included (vLLM's meaning).
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     # Scheduler: tokens computed per step (prefill chunks share it with decodes) and running requests.

@@ -2,18 +2,17 @@
 
 In order: `--num-kv-blocks`; else `--kv-cache-memory` GiB; else what the device has room for:
 - CPU: a fifth of the RAM available now, at most 4 GiB;
-- CUDA: a profiling pass (memory_profile.py) measures what the device holds besides the pool at
-  the worst moment of a step, and the pool gets the rest of `--gpu-memory-utilization` of the
-  device's total memory:
+- CUDA: a profiling pass (memory_profile.py) measures what this engine holds besides the pool at
+  the worst moment of a step, and the pool gets the rest of its share, `--gpu-memory-utilization`
+  of the device's total memory (vLLM's meaning: two engines on one GPU take 0.45 each):
 
-      pool = total * utilization - (in use after the weights   [weights, CUDA context, others]
-                                    + activation peak            [largest prefill step + logits]
-                                    + sampler working set        [estimated]
-                                    + decode graphs' pool        [when captured]
-                                    + the zero and scratch blocks)
+      own  = weights and what else this engine allocated    [in use now - in use before loading]
+           + activation peak                                 [largest prefill step + logits]
+           + sampler working set                             [estimated]
+           + decode graphs' pool                             [when captured]
+      pool = total * utilization - own - the zero and scratch blocks
 
-  Everything on the device counts, other processes too: utilization is the share of the whole
-  device in use once the engine runs, not this engine's share.
+  and never more than is free: memory other processes hold is not this engine's to take.
 Never more than the running cap times the context can use.
 """
 
@@ -45,16 +44,19 @@ def profiled_budget_bytes(profile: MemoryProfile, utilization: float, bytes_per_
     cannot take one block."""
     extra = KVCache.NUM_EXTRA_BLOCKS * bytes_per_block
     allowed = int(profile.total_bytes * utilization)
-    budget = allowed - profile.non_kv_bytes - extra
+    share = allowed - profile.own_bytes - extra
+    free = profile.total_bytes - profile.in_use_bytes - profile.step_bytes - extra
+    budget = min(share, free)
     if budget < bytes_per_block:
         raise ValueError(
-            f"no room for the KV cache: --gpu-memory-utilization {utilization} allows {_gib(allowed)} of "
-            f"the device's {_gib(profile.total_bytes)}, and {_gib(profile.in_use_bytes)} is in use after "
-            f"the weights (CUDA context and other processes included), a step's activations take "
+            f"no room for the KV cache: --gpu-memory-utilization {utilization} allows this engine "
+            f"{_gib(allowed)} of the device's {_gib(profile.total_bytes)}; its weights and the rest it "
+            f"keeps take {_gib(profile.in_use_bytes - profile.others_bytes)}, a step's activations "
             f"{_gib(profile.activation_bytes)}, sampling {_gib(profile.sampler_bytes)}, CUDA graphs "
-            f"{_gib(profile.graph_bytes)}, leaving {_gib(budget)} for blocks of {bytes_per_block} bytes; "
-            "raise --gpu-memory-utilization or lower --max-num-batched-tokens (or --cuda-graph-max-bs, "
-            "--max-running-requests)"
+            f"{_gib(profile.graph_bytes)}; other processes and the CUDA context hold "
+            f"{_gib(profile.others_bytes)}. That leaves {_gib(budget)} for blocks of {bytes_per_block} "
+            "bytes: raise --gpu-memory-utilization or lower --max-num-batched-tokens (or "
+            "--cuda-graph-max-bs, --max-running-requests)"
         )
     return budget
 

@@ -34,8 +34,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--gpu-memory-utilization",
         type=float,
         default=0.9,
-        help="CUDA: share of the device's total memory in use (by anyone) once the KV pool is allocated; "
-        "the pool gets what a profiling pass leaves (default: 0.9)",
+        help="CUDA: share of the device's total memory this engine may use, its KV pool included; the pool "
+        "gets what a profiling pass leaves of it (default: 0.9; two engines on one GPU: 0.45 each)",
     )
     kv.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     graphs = parser.add_argument_group("CUDA graphs")

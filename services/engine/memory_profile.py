@@ -10,7 +10,9 @@
   about what one eager run of that batch allocates; the capture logs what it really took;
 - the sampler's working set is estimated (SAMPLER_BYTES_PER_LOGIT), not run: it needs requests;
 - the driver's free memory, read once the probes' memory is released, counts everything else
-  in use: weights, the CUDA context, library workspaces, Triton modules, other processes.
+  in use: weights, the CUDA context, library workspaces, Triton modules, other processes; what
+  was in use before the weights loaded (LoadedModel.device_bytes_in_use_before) is the part that
+  is not this engine's.
 """
 
 from __future__ import annotations
@@ -39,14 +41,20 @@ PROBE_KV_BLOCKS = 1
 class MemoryProfile:
     total_bytes: int  # the device's memory
     in_use_bytes: int  # in use once the probes are released: weights, CUDA context, other processes
+    others_bytes: int  # in use before this engine loaded its weights: other processes, the CUDA context
     activation_bytes: int  # allocator's peak rise over the largest step's forward and logits
     sampler_bytes: int  # estimated working set of sampling the largest step's rows
     graph_bytes: int  # allocator's peak rise over the largest decode graph's batch; 0 without graphs
 
     @property
-    def non_kv_bytes(self) -> int:
-        """What the device holds, at the worst moment of a step, besides the KV pool."""
-        return self.in_use_bytes + self.activation_bytes + self.sampler_bytes + self.graph_bytes
+    def step_bytes(self) -> int:
+        """What a step needs on top of what stays: activations, sampling, the decode graphs' pool."""
+        return self.activation_bytes + self.sampler_bytes + self.graph_bytes
+
+    @property
+    def own_bytes(self) -> int:
+        """This engine's memory besides the KV pool, at the worst moment of a step."""
+        return self.in_use_bytes - self.others_bytes + self.step_bytes
 
 
 def prefill_probe_context(backend: AttentionBackend, num_tokens: int, max_model_len: int) -> ForwardContext:
@@ -100,6 +108,7 @@ def profile_memory(
     return MemoryProfile(
         total_bytes=int(total),
         in_use_bytes=int(total - free),
+        others_bytes=int(loaded.device_bytes_in_use_before or 0),
         activation_bytes=activation,
         sampler_bytes=rows * loaded.vocab_size * SAMPLER_BYTES_PER_LOGIT,
         graph_bytes=graph,

@@ -40,6 +40,9 @@ class LoadedModel:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    # CUDA: device memory in use before this engine loaded its weights (other processes, the CUDA
+    # context), so --gpu-memory-utilization can be this engine's share; None on CPU.
+    device_bytes_in_use_before: int | None = None
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return KVCache.bytes_per_block(self.num_layers, block_size, self.num_kv_heads, self.head_dim, self.dtype)
@@ -112,6 +115,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     device = pick_device(config.device)
     declared = _read_json(config.model / "config.json")
     dtype = pick_dtype(config.dtype, device, declared.get("torch_dtype") or declared.get("dtype"))
+    in_use_before = _device_bytes_in_use(device)
     model, hf_config = build_model(config.model, dtype, device)
     if device.type == "cuda":
         enable_fused_kernels(model)  # RMSNorm and rotary as Triton kernels; CPU keeps the torch ops
@@ -142,7 +146,15 @@ def load_model(config: EngineConfig) -> LoadedModel:
         num_layers=int(hf_config.num_hidden_layers),
         num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads),
+        device_bytes_in_use_before=in_use_before,
     )
+
+
+def _device_bytes_in_use(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free)
 
 
 def _read_json(path: Path) -> dict[str, object]:

@@ -35,30 +35,38 @@ MIB = 1 << 20
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the memory profile needs a CUDA device")
 PROFILE = MemoryProfile(
     total_bytes=80 * GIB,
-    in_use_bytes=20 * GIB,
+    in_use_bytes=20 * GIB,  # 2 GiB held by others before the engine loaded, then 18 GiB of its own
+    others_bytes=2 * GIB,
     activation_bytes=3 * GIB,
     sampler_bytes=GIB,
     graph_bytes=GIB // 2,
 )
 
 
-def test_profiled_budget_is_the_allowed_share_minus_everything_else_and_the_two_extra_blocks() -> None:
+def test_profiled_budget_is_this_engines_share_minus_what_it_holds_and_the_two_extra_blocks() -> None:
     per_block = 2 * MIB
-    expected = int(80 * GIB * 0.9) - (20 + 3 + 1 + 0.5) * GIB - 2 * per_block
-    assert profiled_budget_bytes(PROFILE, 0.9, per_block) == expected
-    assert profiled_budget_bytes(PROFILE, 1.0, per_block) == 80 * GIB - 24.5 * GIB - 2 * per_block
+    own = (18 + 3 + 1 + 0.5) * GIB
+    assert profiled_budget_bytes(PROFILE, 0.9, per_block) == int(80 * GIB * 0.9) - own - 2 * per_block
+    # Half the device for each of two engines: what others hold does not shrink this one's share...
+    assert profiled_budget_bytes(PROFILE, 0.5, per_block) == 40 * GIB - own - 2 * per_block
+    # ...but the pool never takes memory that is not free: at 1.0 the others' 2 GiB stay theirs.
+    assert profiled_budget_bytes(PROFILE, 1.0, per_block) == 80 * GIB - 20 * GIB - 4.5 * GIB - 2 * per_block
 
 
 def test_profiled_budget_refuses_when_not_one_block_fits_and_names_the_flags() -> None:
     per_block = 2 * MIB
     # Half of the device leaves room for exactly one block besides the zero and scratch blocks.
-    one_block = dataclasses.replace(PROFILE, total_bytes=2 * (PROFILE.non_kv_bytes + 3 * per_block))
+    one_block = dataclasses.replace(PROFILE, total_bytes=2 * (PROFILE.own_bytes + 3 * per_block))
     assert profiled_budget_bytes(one_block, 0.5, per_block) == per_block
     just_short = dataclasses.replace(one_block, in_use_bytes=PROFILE.in_use_bytes + 1)
     with pytest.raises(ValueError, match="raise --gpu-memory-utilization or lower --max-num-batched-tokens"):
         profiled_budget_bytes(just_short, 0.5, per_block)
-    with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0\.25 allows 20\.00 GiB"):
+    with pytest.raises(ValueError, match=r"--gpu-memory-utilization 0\.25 allows this engine 20\.00 GiB"):
         profiled_budget_bytes(PROFILE, 0.25, per_block)
+    # Its share would fit, but others hold the memory: refused rather than over-allocated.
+    crowded = dataclasses.replace(PROFILE, in_use_bytes=78 * GIB, others_bytes=60 * GIB)
+    with pytest.raises(ValueError, match=r"other processes and the CUDA context hold 60\.00 GiB"):
+        profiled_budget_bytes(crowded, 0.9, per_block)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +103,7 @@ def test_cuda_sizes_the_pool_from_the_profile(
     ) -> MemoryProfile:
         assert model is on_gpu
         seen.append(make_backend)
-        return dataclasses.replace(PROFILE, total_bytes=PROFILE.non_kv_bytes + 1000 * per_block)
+        return dataclasses.replace(PROFILE, total_bytes=PROFILE.in_use_bytes + PROFILE.step_bytes + 1000 * per_block)
 
     monkeypatch.setattr(kv_cache_sizing, "profile_memory", fake_profile)
     config = EngineConfig(model=tiny_model_dir, gpu_memory_utilization=1.0)
@@ -149,6 +157,10 @@ def test_profile_measures_activations_graphs_and_what_is_in_use(tiny_model_dir: 
     loaded = load_model(config)
     profile = profile_memory(config, loaded, backend_factory(loaded, config.block_size, "triton"))
     assert 0 < profile.in_use_bytes < profile.total_bytes
+    # The weights loaded after the "before" reading: they are this engine's, not the others'.
+    assert 0 <= profile.others_bytes < profile.in_use_bytes
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    assert profile.in_use_bytes - profile.others_bytes >= weights
     # At least the logits of 32 rows, in float32, were allocated during the probe.
     assert profile.activation_bytes >= 32 * loaded.vocab_size * 4
     assert profile.graph_bytes >= 32 * loaded.vocab_size * 4
@@ -171,6 +183,6 @@ def test_engine_on_cuda_sizes_its_pool_by_profile_and_refuses_a_share_too_small(
     engine = LLMEngine(config, loaded)
     assert engine.block_manager.num_total_blocks == 4 * loaded.max_model_len // 16  # the useful cap
     profile = profile_memory(config, loaded, backend_factory(loaded, config.block_size, "torch"))
-    too_small = profile.in_use_bytes / profile.total_bytes / 2
+    too_small = profile.own_bytes / profile.total_bytes / 2  # half of what the engine holds without a pool
     with pytest.raises(ValueError, match="raise --gpu-memory-utilization"):
         LLMEngine(EngineConfig(model=tiny_model_dir, gpu_memory_utilization=too_small), loaded)
