@@ -29,7 +29,7 @@ def test_generation_flags_reach_every_engine() -> None:
 
     argv = ["--model", "/m", "--engines", "2", "--grammar-max-whitespace", "2", "--enable-custom-logit-processor"]
     argv += ["--think-start-token", "<reason>", "--think-end-token", "</reason>", "--max-model-len", "512"]
-    argv += ["--attention-backend", "torch", "--disable-overlap-schedule"]
+    argv += ["--attention-backend", "torch", "--sampling-backend", "torch", "--disable-overlap-schedule"]
     stack = launcher.build_stack(launcher.build_parser().parse_args(argv), Path("/m"))
     engines = [child for child in stack.children if child.name.startswith("engine")]
     assert len(engines) == 2
@@ -38,7 +38,7 @@ def test_generation_flags_reach_every_engine() -> None:
         assert args.grammar_max_whitespace == 2 and args.enable_custom_logit_processor
         assert (args.think_start_token, args.think_end_token) == ("<reason>", "</reason>")
         assert args.max_model_len == 512
-        assert args.attention_backend == "torch"
+        assert args.attention_backend == "torch" and args.sampling_backend == "torch"
         assert args.overlap_schedule is False
     plain = launcher.build_stack(launcher.build_parser().parse_args(["--model", "/m"]), Path("/m")).children[0]
     assert "--enable-custom-logit-processor" not in plain.argv

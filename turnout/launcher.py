@@ -87,6 +87,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     for i, port in enumerate(engine_ports):
         engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
         engine += ["--device", args.device, "--dtype", args.dtype, "--attention-backend", args.attention_backend]
+        engine += ["--sampling-backend", args.sampling_backend]
         if args.served_model_name:
             # The engine serves the first name; the gateway answers to all of them.
             engine += ["--served-model-name", args.served_model_name[0]]
@@ -209,6 +210,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--dtype", default="auto")
     parser.add_argument(
         "--attention-backend", default="auto", help="engine: auto (triton on CUDA, torch on CPU), torch or triton"
+    )
+    parser.add_argument(
+        "--sampling-backend",
+        default="auto",
+        help="engine: the sampler's draw, auto (triton on CUDA, torch on CPU), torch or triton",
     )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--chat-template", default=None)

@@ -14,6 +14,7 @@ SAMPLING_DEFAULTS = ("model", "openai")
 LOGPROBS_MODES = ("processed", "raw")
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+SAMPLING_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class EngineConfig:
     dtype: str = "auto"
     # Paged attention implementation: `auto` is triton on CUDA, torch on CPU.
     attention_backend: str = "auto"
+    # The sampler's final draw for batches without seeded rows: `auto` is the fused Triton kernel on
+    # CUDA, torch on CPU (SGLang's --sampling-backend).
+    sampling_backend: str = "auto"
     # Cap on prompt + output tokens; defaults to the model's own context length.
     max_model_len: int | None = None
     # Requests allowed to wait for their turn before new ones are refused (RESOURCE_EXHAUSTED).
@@ -82,6 +86,10 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+            )
+        if self.sampling_backend not in SAMPLING_BACKENDS:
+            raise ValueError(
+                f"--sampling-backend must be one of {', '.join(SAMPLING_BACKENDS)}, got {self.sampling_backend!r}"
             )
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"--scheduling-policy must be one of {', '.join(POLICIES)}")

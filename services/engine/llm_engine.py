@@ -42,6 +42,7 @@ from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, ModelRunner, StepLogits
 from services.engine.processors.catalog import ProcessorCatalog
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
+from services.engine.sampler.draw import fused_draw_for
 from services.engine.sampling_validation import Limits
 from services.engine.scheduler import Policy, Scheduler
 from services.engine.sequence import Sequence
@@ -63,6 +64,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded or load_model(config)
+        # Whether sampling draws unseeded batches in the fused kernel (--sampling-backend).
+        self.fused_draw = fused_draw_for(config.sampling_backend, self.loaded.device)
         blocks = num_kv_blocks(config, self.loaded, self._make_backend)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -194,7 +197,9 @@ class LLMEngine:
         if not seqs:
             return
         eos = self.loaded.eos_token_ids
-        self._pending = launch_sampling(logits.sample, rows, seqs, eos, self.config.logprobs_mode)
+        self._pending = launch_sampling(
+            logits.sample, rows, seqs, eos, self.config.logprobs_mode, fused_draw=self.fused_draw
+        )
         for child in forks:
             self.scheduler.add_fork(self._groups[child.request.request_id].seqs[0], child)
 

@@ -24,6 +24,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default="auto",
         help="paged attention: auto (triton on CUDA, torch on CPU), torch, or triton",
     )
+    parser.add_argument(
+        "--sampling-backend",
+        default="auto",
+        help="the sampler's draw for unseeded batches: auto (triton on CUDA, torch on CPU), torch, or triton",
+    )
     parser.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
     parser.add_argument("--max-waiting-requests", type=int, default=1024, help="queue bound before 429s")
     kv = parser.add_argument_group("KV cache")
@@ -120,6 +125,7 @@ def run(args: argparse.Namespace) -> None:
             device=args.device,
             dtype=args.dtype,
             attention_backend=args.attention_backend,
+            sampling_backend=args.sampling_backend,
             max_model_len=args.max_model_len,
             max_waiting_requests=args.max_waiting_requests,
             block_size=args.block_size,

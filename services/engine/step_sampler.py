@@ -112,6 +112,7 @@ def launch_sampling(
     seqs: Seq[Sequence],
     eos_token_ids: frozenset[int],
     logprobs_mode: str = "processed",
+    fused_draw: bool | None = None,  # see sampler.sample
 ) -> PendingSample:
     """Queue the step's sampling and log-probability reads on the logits' device, and their copies to the
     host; append each sequence's placeholder.
@@ -139,7 +140,7 @@ def launch_sampling(
     processors = ProcessorHook() if any(uses_processors(row) for row in sampler_rows) else None
     if processors is not None:
         hooks.append(processors)
-    result = sample(logits, sampler_rows, hooks)
+    result = sample(logits, sampler_rows, hooks, fused_draw)
     failed = {**(processors.failed if processors else {}), **(grammar.failed if grammar else {})}
 
     picked = [i for i, wanted in enumerate(want) if wanted]

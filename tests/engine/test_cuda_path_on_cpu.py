@@ -15,13 +15,16 @@ import torch
 from services.engine.attention.triton_backend import TritonAttentionBackend
 from services.engine.config import EngineConfig
 from services.engine.cuda_graphs import DecodeGraphs, graph_table_width
+from services.engine.kernels import sampling as sampling_kernel
 from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, StepLogits
 from services.engine.models.layers import RMSNorm, enable_fused_kernels
 from services.engine.request import EngineRequest
+from services.engine.sampling_validation import Limits, resolve
 from tests.engine.model_fixtures import build_tiny_checkpoint
 from tests.engine.test_engine_parity import prompts, request, run
+from turnout.v1 import common_pb2
 
 OPTIONS: dict[str, Any] = {"num_kv_blocks": 64, "block_size": 4, "max_num_batched_tokens": 12, "dtype": "float32"}
 
@@ -42,6 +45,7 @@ def cuda_path_engine(model_dir: Path) -> tuple[LLMEngine, list[int]]:
     config = EngineConfig(
         model=model_dir,
         attention_backend="triton",
+        sampling_backend="triton",
         overlap_schedule=True,
         cuda_graph_max_seq_len=64,
         **OPTIONS,
@@ -96,8 +100,30 @@ def test_the_whole_cuda_path_gives_the_plain_engines_greedy_tokens(model_dir: Pa
     tokens, cached = got
     assert all(len(set(ids)) > 1 for ids in tokens.values()), "outputs that would show a numerical mistake"
     assert cached["s1"] == 8, "s1 was meant to find s0's two full blocks in the prefix cache"
-    assert isinstance(engine.runner.backend, TritonAttentionBackend) and engine.overlap
+    assert isinstance(engine.runner.backend, TritonAttentionBackend) and engine.overlap and engine.fused_draw
     assert all(m.fused for m in engine.loaded.model.modules() if isinstance(m, RMSNorm))
     # Decode-only steps went through the padded graph buffers, at sizes between captured ones too.
     assert replayed and max(replayed) > 1 and any(n not in (1, 2, 4, 8) for n in replayed)
     assert not torch.isnan(engine.runner.backend.kv_cache.k[0][engine.runner.backend.kv_cache.null_block]).any()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_sampling_backend_decides_where_unseeded_requests_draw(
+    model_dir: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launches: list[int] = []
+    original = sampling_kernel.exponential_race_argmax
+
+    def counted(logits: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        launches.append(logits.shape[0])
+        return original(logits, *args, **kwargs)
+
+    monkeypatch.setattr(sampling_kernel, "exponential_race_argmax", counted)
+    config = EngineConfig(model=model_dir, sampling_backend=backend, **OPTIONS)
+    engine = LLMEngine(config, load_model(config))
+    loaded = engine.loaded
+    params = common_pb2.SamplingParams(temperature=1.0, max_new_tokens=4, ignore_eos=True)
+    settings = resolve(params, loaded.info.generation_defaults, Limits(5, loaded.max_model_len, loaded.vocab_size))
+    tokens, _ = run(engine, {0: [EngineRequest("r", (5, 6, 7, 8, 9), settings)]})
+    assert len(tokens["r"]) == 4
+    assert launches == ([1] * 4 if backend == "triton" else [])

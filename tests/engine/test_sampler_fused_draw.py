@@ -51,6 +51,23 @@ def test_cpu_keeps_the_torch_draw(kernel_launches: list[tuple[int, int]]) -> Non
     assert kernel_launches == []
 
 
+def test_the_sampling_backend_decides_the_draw(kernel_launches: list[tuple[int, int]]) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert (draw.fused_draw_for("auto", cuda), draw.fused_draw_for("auto", cpu)) == (True, False)
+    assert not draw.fused_draw_for("torch", cuda)
+    assert draw.fused_draw_for("triton", cpu)  # the suite runs with TRITON_INTERPRET=1
+    rows = [row(settings()) for _ in range(3)]
+    sample(torch.randn(3, 8), rows, fused_draw=True)
+    sample(torch.randn(3, 8), rows, fused_draw=False)
+    assert kernel_launches == [(3, 8)]
+
+
+def test_a_triton_draw_where_triton_cannot_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="--sampling-backend triton needs a CUDA device, or TRITON_INTERPRET=1"):
+        draw.fused_draw_for("triton", torch.device("cpu"))
+
+
 @pytest.mark.usefixtures("fused_on_cpu")
 def test_unseeded_rows_follow_their_distributions(kernel_launches: list[tuple[int, int]]) -> None:
     """One sample() call of 1500 rows a setting: temperature only and top-k 3, side by side in 8 columns."""

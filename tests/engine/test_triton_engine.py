@@ -98,3 +98,5 @@ def test_unusable_triton_is_refused(loaded: LoadedModel, monkeypatch: pytest.Mon
 def test_unknown_backend_names_are_refused(model_dir: Path) -> None:
     with pytest.raises(ValueError, match="--attention-backend must be one of auto, torch, triton"):
         EngineConfig(model=model_dir, attention_backend="flash")
+    with pytest.raises(ValueError, match="--sampling-backend must be one of auto, torch, triton"):
+        EngineConfig(model=model_dir, sampling_backend="flashinfer")

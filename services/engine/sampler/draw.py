@@ -28,16 +28,22 @@ from collections.abc import Sequence
 
 import torch
 
+from services.engine.kernels import triton_runs_on
 from services.engine.sampler.candidates import Candidates
 
 
-def exponential_race(c: Candidates, generators: Sequence[torch.Generator | None], vocab_size: int) -> torch.Tensor:
-    """c.values (R, W) final logits -> (R,) long sampled token ids."""
+def exponential_race(
+    c: Candidates, generators: Sequence[torch.Generator | None], vocab_size: int, fused: bool | None = None
+) -> torch.Tensor:
+    """c.values (R, W) final logits -> (R,) long sampled token ids. fused: whether a batch without
+    seeded rows draws in the fused kernel (None: fused_draw_runs_on the device)."""
     rows, width = c.values.shape
     device = c.values.device
     seeded = [i for i, g in enumerate(generators) if g is not None]
     unseeded = [i for i, g in enumerate(generators) if g is None]
-    if not seeded and fused_draw_runs_on(device):
+    if fused is None:
+        fused = fused_draw_runs_on(device)
+    if not seeded and fused:
         return c.token_ids(_fused_race(c.values))
     if not seeded:
         uniforms = torch.empty(rows, width, device=device).uniform_()  # (R, W)
@@ -59,9 +65,18 @@ def exponential_race(c: Candidates, generators: Sequence[torch.Generator | None]
 
 
 def fused_draw_runs_on(device: torch.device) -> bool:
-    """Whether an all-unseeded draw goes through the fused kernel: on CUDA only (on CPU its
-    interpreter would crawl, and the torch draw is the portable reference)."""
+    """Whether an all-unseeded draw goes through the fused kernel by default: on CUDA only (on CPU
+    its interpreter would crawl, and the torch draw is the portable reference)."""
     return device.type == "cuda"
+
+
+def fused_draw_for(backend: str, device: torch.device) -> bool:
+    """--sampling-backend (auto, torch or triton) on `device` -> whether the fused draw is used."""
+    if backend == "auto":
+        return fused_draw_runs_on(device)
+    if backend == "triton" and not triton_runs_on(device):
+        raise ValueError(f"--sampling-backend triton needs a CUDA device, or TRITON_INTERPRET=1 on CPU ({device})")
+    return backend == "triton"
 
 
 def _fused_race(values: torch.Tensor) -> torch.Tensor:

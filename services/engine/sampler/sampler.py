@@ -39,12 +39,18 @@ from services.engine.sampler.truncation import truncate_tail
 from services.engine.sampler.types import LogitsHook, SamplerOutput, SamplerRow
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SamplerRow], extra_masks: Sequence[LogitsHook] = ()) -> SamplerOutput:
+def sample(
+    logits: torch.Tensor,
+    rows: Sequence[SamplerRow],
+    extra_masks: Sequence[LogitsHook] = (),
+    fused_draw: bool | None = None,
+) -> SamplerOutput:
     """logits (N, V) float32 on any device (not modified) -> one token id per row, left on the device
     (`SamplerOutput.tokens`; `.token_ids` reads them back).
 
     extra_masks: hooks run after the built-in bans and before temperature, in order (the place
     for a grammar bitmask and custom logits processors); each edits the (N, V) logits in place.
+    fused_draw: whether a draw without seeded rows runs in the fused kernel (None: on CUDA).
     """
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits {tuple(logits.shape)} must be (N, V) with one row per SamplerRow ({len(rows)})")
@@ -74,11 +80,11 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplerRow], extra_masks: Sequen
         greedy = batch.index(batch.greedy_rows)
         tokens.index_copy_(0, greedy, x.index_select(0, greedy).argmax(dim=-1))
     if batch.random_rows:
-        tokens.index_copy_(0, batch.index(batch.random_rows), _draw(x, batch))
+        tokens.index_copy_(0, batch.index(batch.random_rows), _draw(x, batch, fused_draw))
     return SamplerOutput(tokens=tokens, logprobs=logprobs)
 
 
-def _draw(x: torch.Tensor, batch: SamplerBatch) -> torch.Tensor:
+def _draw(x: torch.Tensor, batch: SamplerBatch, fused: bool | None) -> torch.Tensor:
     """Truncate, shape and draw the non-greedy rows of x (N, V) -> (R,) token ids."""
     picked = batch.random_rows
     if len(picked) == len(batch.rows):
@@ -93,4 +99,4 @@ def _draw(x: torch.Tensor, batch: SamplerBatch) -> torch.Tensor:
     generators = [batch.rows[i].generator for i in picked]
     xtc_rows = [j for j, i in enumerate(picked) if batch.settings[i].xtc_probability > 0.0]
     candidates = shape(candidates, params, plan, generators, xtc_rows)
-    return exponential_race(candidates, generators, batch.vocab_size)
+    return exponential_race(candidates, generators, batch.vocab_size, fused)
