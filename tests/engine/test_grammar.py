@@ -252,9 +252,9 @@ def test_unconstrained_batches_pass_no_hooks(llm: LLM, monkeypatch: pytest.Monke
     seen: list[int] = []
     real = step_sampler.sample
 
-    def spy(logits: Any, rows: Any, extra_masks: Any = ()) -> Any:
+    def spy(logits: Any, rows: Any, extra_masks: Any = (), fused_draw: Any = None) -> Any:
         seen.append(len(extra_masks))
-        return real(logits, rows, extra_masks)
+        return real(logits, rows, extra_masks, fused_draw)
 
     monkeypatch.setattr(step_sampler, "sample", spy)
     llm.generate(["a", "b"], {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True})
