@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import signal
 import statistics
 import subprocess
@@ -34,7 +35,8 @@ from pathlib import Path
 import httpx
 
 from turnout.child_processes import free_port
-from turnout.grpc_server import insecure_channel
+from turnout.grpc_server import client_channel
+from turnout.security import ClientCredentials
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 
@@ -64,6 +66,12 @@ class Serve:
         self.engine_port = free_port()
         argv = [sys.executable, "-m", "turnout.cli", "serve", "--port", str(self.port), "--policy", policy]
         argv += ["--engines", str(engines), "--engine-port", str(self.engine_port)]
+        # A token this script knows, to call the engines directly (deployments give one the same way).
+        self.token = secrets.token_urlsafe(32)
+        self._token_file = Path(tempfile.mkdtemp()) / "internal-token"
+        self._token_file.write_text(self.token)
+        self._token_file.chmod(0o600)
+        argv += ["--internal-token-file", str(self._token_file)]
         if model is not None:
             argv += ["--model", str(model)]
         self.engines = engines
@@ -106,9 +114,9 @@ async def gather_streams(prompts: list[list[int]], one: Callable[[list[int]], Aw
     return Run([r[0] for r in results], sum(r[1] for r in results), seconds)
 
 
-async def direct(address: str, prompts: list[list[int]], output_len: int) -> Run:
+async def direct(address: str, token: str, prompts: list[list[int]], output_len: int) -> Run:
     params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
-    async with insecure_channel(address) as channel:
+    async with client_channel(address, ClientCredentials(bearer=token)) as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
 
         async def one(prompt: list[int]) -> tuple[float, int]:
@@ -161,7 +169,7 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
         n, length, out = args.concurrency, args.prompt_len, args.output_len
         warm = make_prompts(8, length, seed=99)
         asyncio.run(through_gateway(stack.url, warm, 8))
-        asyncio.run(direct(engine, warm, 8))
+        asyncio.run(direct(engine, stack.token, warm, 8))
         rows = []
         # Every run gets prompts of its own: a prompt seen before would be a prefix-cache hit.
         # The two paths take turns going first, so drift on a shared machine hits both alike.
@@ -171,13 +179,13 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
             for k, path in enumerate(order):
                 prompts = make_prompts(n, length, seed=2 * r + k)
                 if path == "direct":
-                    runs[path].append(asyncio.run(direct(engine, prompts, out)))
+                    runs[path].append(asyncio.run(direct(engine, stack.token, prompts, out)))
                 else:
                     runs[path].append(asyncio.run(through_gateway(stack.url, prompts, out)))
         single_out = args.single_output_len
         singles_d = make_prompts(args.single_requests, length, seed=1000)
         singles_g = make_prompts(args.single_requests, length, seed=2000)
-        single_direct = asyncio.run(sequential(lambda p: direct(engine, p, single_out), singles_d))
+        single_direct = asyncio.run(sequential(lambda p: direct(engine, stack.token, p, single_out), singles_d))
         single_gateway = asyncio.run(sequential(lambda p: through_gateway(stack.url, p, single_out), singles_g))
     finally:
         stack.stop()

@@ -17,7 +17,7 @@ from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPa
 from gateway.request_id import RequestIdMiddleware
 from gateway.router_client import RouterClient
 from turnout import __version__
-from turnout.grpc_server import insecure_channel
+from turnout.grpc_server import client_channel
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -27,7 +27,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The channel connects lazily: the gateway starts even when the router
         # is not up yet (/health says 503 until it is).
-        channel = insecure_channel(config.router_address)
+        channel = client_channel(config.router_address, config.security.client)
         app.state.router = RouterClient.on_channel(channel, config.request_timeout_s, config.served_model_names)
         try:
             yield
@@ -60,8 +60,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     # The last added runs first: CORS answers preflights before the key is checked, the
     # size limit applies to authenticated requests only, and every response gets its id.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)
-    if config.api_keys:
-        app.add_middleware(ApiKeyMiddleware, keys=config.api_keys)
+    security = config.security
+    if security.api_keys:
+        # The admin key opens what an API key opens (its routes need it in the same header).
+        keys = [*security.api_keys, *([security.admin_key] if security.admin_key else [])]
+        app.add_middleware(ApiKeyMiddleware, keys=keys)
     app.add_middleware(
         CORSMiddleware,
         allow_origins=config.allowed_origins,

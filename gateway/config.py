@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from turnout.security import ServiceSecurity
+
 # 32 MiB: far above any prompt that fits a context, far below what hurts the process.
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
@@ -18,7 +20,9 @@ class GatewayConfig:
     `served_model_names` are names clients may use for the router's default
     model (vLLM's `--served-model-name a b`); the first is the one responses
     report. Empty: the router's own names only.
-    `api_keys`: when set, every route but the probes needs `Authorization: Bearer <key>`.
+    `security`: the API keys (when set, every route but the probes needs `Authorization: Bearer
+    <key>`), the admin key of the admin routes, the internal token the router channel presents, and
+    TLS (HTTPS, and the router channel's certificates); see docs/security.md.
     `allowed_*` / `allow_credentials`: the CORS policy (vLLM's flags and defaults).
     `root_path`: the prefix a reverse proxy serves the gateway under.
     `max_request_bytes`: larger request bodies are answered 413.
@@ -29,14 +33,14 @@ class GatewayConfig:
     port: int = 8000
     request_timeout_s: float | None = None
     served_model_names: tuple[str, ...] = ()
-    # repr=False: keys never reach logs or /get_server_info.
-    api_keys: tuple[str, ...] = field(default=(), repr=False)
     allowed_origins: tuple[str, ...] = ("*",)
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     root_path: str = ""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # Its secrets are repr=False: they never reach logs; /get_server_info leaves it out.
+    security: ServiceSecurity = field(default_factory=ServiceSecurity)
 
     def __post_init__(self) -> None:
         if not self.router_address.strip():
@@ -54,8 +58,6 @@ class GatewayConfig:
             raise ValueError("served model names must not be empty")
         if len(set(self.served_model_names)) != len(self.served_model_names):
             raise ValueError(f"served model names must be distinct, got {list(self.served_model_names)}")
-        if any(not key for key in self.api_keys):
-            raise ValueError("an API key must not be empty")
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
             raise ValueError(f"root_path must start with '/' and not end with one (e.g. /llm), got {self.root_path!r}")
         if self.max_request_bytes < 1:

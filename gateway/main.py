@@ -6,9 +6,9 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 
 from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
+from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "router's names)",
     )
     parser.add_argument(
-        "--api-key",
-        action="append",
-        default=None,
-        metavar="KEY",
-        help="require 'Authorization: Bearer KEY' on every route but the probes; repeat for several keys "
-        "(default: $TURNOUT_API_KEY, else no key)",
-    )
-    parser.add_argument(
         "--allowed-origins", type=_string_list, default=["*"], help="CORS origins, a JSON list (default: %(default)s)"
     )
     parser.add_argument(
@@ -74,6 +66,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="log level (default: $TURNOUT_LOG_LEVEL, else INFO)",
     )
     add_observability_flags(parser, metrics_port=False)
+    add_security_flags(parser)
     return parser
 
 
@@ -92,20 +85,19 @@ def _string_list(value: str) -> list[str]:
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """The config the flags describe; ValueError names a bad one."""
-    keys = args.api_key or ([os.environ["TURNOUT_API_KEY"]] if os.environ.get("TURNOUT_API_KEY") else [])
     return GatewayConfig(
         router_address=args.router,
         host=args.host,
         port=args.port,
         request_timeout_s=args.request_timeout,
         served_model_names=tuple(args.served_model_name or ()),
-        api_keys=tuple(keys),
         allowed_origins=tuple(args.allowed_origins),
         allowed_methods=tuple(args.allowed_methods),
         allowed_headers=tuple(args.allowed_headers),
         allow_credentials=args.allow_credentials,
         root_path=args.root_path,
         max_request_bytes=args.max_request_bytes,
+        security=ServiceSecurity.from_args(args),
     )
 
 
@@ -131,6 +123,8 @@ def run(args: argparse.Namespace) -> None:
     log.info("starting", extra={"router": config.router_address, "host": config.host, "port": config.port})
     # log_config=None keeps our JSON logging; uvicorn handles SIGTERM/SIGINT
     # itself: stop accepting, drain in-flight requests, run the lifespan shutdown.
+    tls = config.security.tls
+    https = tls is not None and tls.serves_tls
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(config),
@@ -138,6 +132,9 @@ def run(args: argparse.Namespace) -> None:
             port=config.port,
             log_config=None,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            # HTTPS with the service's certificate (clients are not asked for one).
+            ssl_certfile=str(tls.certfile) if https and tls is not None else None,
+            ssl_keyfile=str(tls.keyfile) if https and tls is not None else None,
         )
     )
     # uvicorn shuts down gracefully, then re-raises Ctrl-C only to exit: no traceback for that.

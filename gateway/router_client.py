@@ -89,10 +89,12 @@ class RouterClient:
             return requested
         return (await self.model_info("")).name
 
-    async def flush_cache(self) -> router_admin_pb2.FlushAllCachesResponse:
-        """Drop every engine's prefix cache (RouterAdmin.FlushCache)."""
+    async def flush_cache(self, admin_key: str) -> router_admin_pb2.FlushAllCachesResponse:
+        """Drop every engine's prefix cache (RouterAdmin.FlushCache), as the caller holding `admin_key`
+        (the router and each engine check it)."""
         assert self.admin is not None, "RouterClient built without the admin stub"
-        return await self.admin.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.timeout_s)
+        metadata = (("authorization", f"Bearer {admin_key}"),)
+        return await self.admin.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.timeout_s, metadata=metadata)
 
 
 def router_of(request: Request) -> RouterClient:

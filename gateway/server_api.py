@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from grpc import aio
 
+from gateway.admin_auth import admin_credential
 from gateway.engines_api import engine_json
 from gateway.errors import HTTPError, error_response, to_http_error
 from gateway.router_client import router_of
@@ -80,7 +81,7 @@ async def get_server_info(request: Request) -> dict[str, Any]:
     client = router_of(request)
     info, engines = await asyncio.gather(client.model_info(""), client.list_engines())
     config = request.app.state.config
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k != "api_keys"}
+    settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "security"}
     return {
         "version": __version__,
         "model_path": info.path,
@@ -88,7 +89,7 @@ async def get_server_info(request: Request) -> dict[str, Any]:
         "served_model_name": await client.model_name(None),
         "context_length": info.max_context_length,
         "policy": engines.policy,
-        "api_key_required": bool(config.api_keys),
+        "api_key_required": bool(config.security.api_keys),
         **settings,
         "internal_states": [engine_json(e) for e in engines.engines],
     }
@@ -99,7 +100,7 @@ async def get_server_info(request: Request) -> dict[str, Any]:
 async def flush_cache(request: Request) -> Response:
     """Drop every engine's prefix cache. 200 when all did; 400 naming the busy ones otherwise
     (SGLang also refuses while requests run)."""
-    reply = await router_of(request).flush_cache()
+    reply = await router_of(request).flush_cache(admin_credential(request))
     busy = [f"{e.address}: {e.message}" for e in reply.engines if not e.flushed]
     if not reply.engines:
         return error_response(HTTPError(503, "the router has no engine"))

@@ -13,8 +13,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.credentials import TEST_ADMIN_KEY, TEST_INTERNAL_TOKEN
 from tests.models import build_tiny_llama, build_tiny_thinking_llama
 from turnout.default_model import prepare_default_model
+from turnout.security import ADMIN_KEY_ENV, INTERNAL_TOKEN_ENV
+
+# Services the tests start inherit these (tests/credentials.py): the suite runs the secure path.
+os.environ[INTERNAL_TOKEN_ENV] = TEST_INTERNAL_TOKEN
+os.environ[ADMIN_KEY_ENV] = TEST_ADMIN_KEY
 
 
 @pytest.fixture(scope="session")

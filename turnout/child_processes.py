@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -21,6 +22,9 @@ from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from turnout.grpc_auth import sync_channel
+from turnout.security import ClientCredentials
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +55,9 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def grpc_healthy(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def grpc_healthy(address: str, credentials: ClientCredentials | None = None) -> bool:
+    """The standard health service at `address` says SERVING (open to all: `credentials` only for TLS)."""
+    with sync_channel(address, credentials, []) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
         except grpc.RpcError:
@@ -60,9 +65,11 @@ def grpc_healthy(address: str) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-def http_healthy(url: str) -> bool:
+def http_healthy(url: str, ca_certs: str | None = None) -> bool:
+    """GET `url` answers 200 (an https URL is verified with `ca_certs`, else the system roots)."""
+    context = ssl.create_default_context(cafile=ca_certs) if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as reply:
+        with urllib.request.urlopen(url, timeout=1.0, context=context) as reply:
             return bool(reply.status == 200)
     except (urllib.error.URLError, OSError):
         return False

@@ -2,8 +2,8 @@
 graceful shutdown.
 
 Every service builds its servicers and calls `serve()`; this is the only place
-that knows how a server starts and stops, and (with `insecure_channel`) the only
-place channels and servers get their interceptors.
+that knows how a server starts and stops, and (with `client_channel`) the only
+place channels and servers get their interceptors and credentials (turnout/grpc_auth.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from turnout import grpc_auth
 from turnout.errors import StatusInterceptor
+from turnout.security import ClientCredentials, ServiceSecurity
 from turnout.telemetry.grpc_tracing import server_interceptors, traced
 from turnout.telemetry.metrics_http import serve_metrics
 
@@ -51,16 +53,25 @@ class MetricsEndpoint:
     port: int
 
 
-def insecure_channel(address: str, options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS) -> aio.Channel:
-    """A client channel with the message limits every Turnout server accepts; it carries the
-    trace context of each call while tracing is on."""
-    return traced(aio.insecure_channel(address, options=list(options)))
+def client_channel(
+    address: str,
+    credentials: ClientCredentials | None = None,
+    options: Sequence[tuple[str, int]] = CHANNEL_OPTIONS,
+) -> aio.Channel:
+    """A client channel with the message limits every Turnout server accepts, presenting
+    `credentials` (TLS, and the bearer on every call); it carries the trace context of each call
+    while tracing is on."""
+    return traced(grpc_auth.async_channel(address, credentials, list(options)))
 
 
-def make_server(service: str, interceptors: Sequence[aio.ServerInterceptor] = ()) -> aio.Server:
-    """A server whose calls get a span when tracing is on, then pass `interceptors`, and whose errors
-    become status codes. StatusInterceptor is innermost, so the others see the final status."""
-    chain = [*server_interceptors(service), *interceptors, StatusInterceptor()]
+def make_server(
+    service: str, interceptors: Sequence[aio.ServerInterceptor] = (), security: ServiceSecurity | None = None
+) -> aio.Server:
+    """A server that first refuses calls without the credential `security` asks for, whose calls
+    then get a span when tracing is on, pass `interceptors`, and whose errors become status codes.
+    StatusInterceptor is innermost, so the others see the final status."""
+    auth = grpc_auth.server_interceptors(security) if security is not None else []
+    chain = [*auth, *server_interceptors(service), *interceptors, StatusInterceptor()]
     return aio.server(interceptors=chain, options=CHANNEL_OPTIONS)
 
 
@@ -73,9 +84,11 @@ async def serve(
     grace_s: float = 5.0,
     on_stop: Callable[[], Awaitable[None]] | None = None,
     metrics: MetricsEndpoint | None = None,
+    security: ServiceSecurity | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then stop accepting calls and drain for `grace_s`."""
-    server = make_server(service, interceptors)
+    """Serve until SIGTERM or SIGINT, then stop accepting calls and drain for `grace_s`.
+    `security`: the credentials calls need and TLS (None: open, plaintext; in-process tests)."""
+    server = make_server(service, interceptors, security)
     for spec in services:
         spec.add(server)
     health_servicer = health.aio.HealthServicer()
@@ -83,7 +96,11 @@ async def serve(
     names = [spec.name for spec in services]
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
-    port = server.add_insecure_port(address)
+    tls = security.tls if security is not None else None
+    if tls is not None and tls.serves_tls:
+        port = server.add_secure_port(address, tls.server_credentials())
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
@@ -111,10 +128,12 @@ async def serve(
     log.info("stopped")
 
 
-async def wait_healthy(address: str, timeout_s: float, service: str = "") -> None:
+async def wait_healthy(
+    address: str, timeout_s: float, service: str = "", credentials: ClientCredentials | None = None
+) -> None:
     """Poll the standard health service at `address` until it reports SERVING."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    async with insecure_channel(address) as channel:
+    async with client_channel(address, credentials) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

@@ -32,6 +32,7 @@ from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
 from turnout.logs import LOG_FORMATS
+from turnout.security import add_security_flags, launcher_credentials, stack_environment, stack_flags
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     common = ["--log-level", args.log_level] if args.log_level else []
     if args.log_format:
         common += ["--log-format", args.log_format]
+    # Security: the same TLS files for every child; the secrets travel in the environment (run()).
+    common += stack_flags(args)
+    grpc_ready = functools.partial(grpc_healthy, credentials=launcher_credentials(args))
 
     def metrics_port() -> int | None:
         return free_port() if args.metrics else None
@@ -93,7 +97,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
             engine += ["--served-model-name", args.served_model_name[0]]
         engine += engine_flags(args)
         name = "engine" if args.engines == 1 else f"engine{i}"
-        healthy = functools.partial(grpc_healthy, f"127.0.0.1:{port}")
+        healthy = functools.partial(grpc_ready, f"127.0.0.1:{port}")
         env = replica_env(i, args.engines, gpus, args.device)
         engine_metrics = metrics_port()
         engines.append(
@@ -114,25 +118,27 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     gateway += gateway_flags(args)
     tokenizer_metrics, router_metrics = metrics_port(), metrics_port()
     probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    health_url = f"http://{probe_host}:{args.port}/health"
+    scheme = "https" if args.ssl_certfile else "http"
+    health_url = f"{scheme}://{probe_host}:{args.port}/health"
+    ca_certs = str(args.ssl_ca_certs) if args.ssl_ca_certs else None
     return Stack(
         [
             *engines,
             Child(
                 "tokenizer",
                 tokenizer + common + metrics_flags(tokenizer_metrics),
-                lambda: grpc_healthy(addr["tokenizer"]),
+                lambda: grpc_ready(addr["tokenizer"]),
                 0,
                 metrics_port=tokenizer_metrics,
             ),
             Child(
                 "router",
                 router + common + metrics_flags(router_metrics),
-                lambda: grpc_healthy(addr["router"]),
+                lambda: grpc_ready(addr["router"]),
                 1,
                 metrics_port=router_metrics,
             ),
-            Child("gateway", gateway + common, lambda: http_healthy(health_url), 2),
+            Child("gateway", gateway + common, lambda: http_healthy(health_url, ca_certs), 2),
         ]
     )
 
@@ -186,7 +192,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="NAME",
         help="names clients use for the model; responses report the first (default: the folder's name)",
     )
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (see turnout gateway)")
     parser.add_argument("--allowed-origins", default=None, help="CORS origins, a JSON list (gateway default: all)")
     parser.add_argument("--allowed-methods", default=None, help="CORS methods, a JSON list (gateway default: all)")
     parser.add_argument("--allowed-headers", default=None, help="CORS headers, a JSON list (gateway default: all)")
@@ -288,6 +293,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="serve Prometheus /metrics of the engine(s), tokenizer and router on free ports (printed at start); "
         "the gateway's is always at /metrics on its HTTP port",
     )
+    add_security_flags(parser)
     return parser
 
 
@@ -304,16 +310,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"turnout serve: --engines must be at least 1, got {args.engines}")
     if not (model / "config.json").is_file():
         raise SystemExit(f"turnout serve: --model {model}: no config.json there")
-    if args.api_key:
-        # Children inherit it; the gateway reads it (never on a command line or in the start log).
-        os.environ["TURNOUT_API_KEY"] = args.api_key
+    # Children inherit the secrets (never on a command line or in the start log).
+    os.environ.update(stack_environment(args))
     stack = build_stack(args, model)
     signal.signal(signal.SIGTERM, stack.request_stop)
     signal.signal(signal.SIGINT, stack.request_stop)
     try:
         if not stack.start(args.startup_timeout):
             return 0 if stack.stopping else 1
-        url = f"http://{args.host}:{args.port}"
+        url = f"{'https' if args.ssl_certfile else 'http'}://{args.host}:{args.port}"
         name = args.served_model_name[0] if args.served_model_name else model.name
         lines = [f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)"]
         lines += [

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from turnout.security import ServiceSecurity
 from turnout.telemetry.metrics_http import check_metrics_port
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -68,6 +69,8 @@ class EngineConfig:
     overlap_schedule: bool | None = None
     # Port of the Prometheus /metrics HTTP endpoint (None: not served).
     metrics_port: int | None = None
+    # Who may call this service, and TLS (turnout/security.py; the CLI refuses to start without a token).
+    security: ServiceSecurity = field(default_factory=ServiceSecurity)
     # CUDA graphs for decode-only batches (CUDA and a graph-safe attention backend only), captured for
     # batch sizes up to cuda_graph_max_bs (None: see cuda_graph_batch_limit).
     disable_cuda_graph: bool = False

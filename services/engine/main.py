@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from services.engine.config import EngineConfig
+from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 
@@ -106,6 +107,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument("--log-level", default=None)
     add_observability_flags(parser, metrics_port=True)
+    add_security_flags(parser)
     return parser
 
 
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace) -> None:
             think_end_token=args.think_end_token,
             enable_custom_logit_processor=args.enable_custom_logit_processor,
             metrics_port=args.metrics_port,
+            security=ServiceSecurity.from_args(args),
             disable_cuda_graph=args.disable_cuda_graph,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
             cuda_graph_max_seq_len=args.cuda_graph_max_seq_len,
@@ -181,7 +184,9 @@ async def _serve(config: EngineConfig) -> None:
     endpoint = (
         None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
     )
-    await serve(config.address, [spec], service="engine", on_stop=stop_engine, metrics=endpoint)
+    await serve(
+        config.address, [spec], service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from services.router.circuit_breaker import Circuit
 from services.router.engine_discovery import EngineDiscovery
 from services.router.engine_pool import EngineClient, EnginePool
 from services.router.health_checker import Health
+from turnout.grpc_auth import forwarded
 from turnout.v1 import engine_pb2, router_admin_pb2, router_admin_pb2_grpc
 
 # A flush is one quick command on each engine's step loop; past this the engine is reported as not flushed.
@@ -78,13 +79,19 @@ class RouterAdminServicer(router_admin_pb2_grpc.RouterAdminServicer):
         self, request: engine_pb2.FlushCacheRequest, context: aio.ServicerContext
     ) -> router_admin_pb2.FlushAllCachesResponse:
         engines = list(self._pool.engines)
-        results = await asyncio.gather(*(self._flush(engine) for engine in engines))
+        # Each engine checks the caller's admin key itself: the router's own token cannot flush.
+        caller = forwarded(context)
+        results = await asyncio.gather(*(self._flush(engine, caller) for engine in engines))
         return router_admin_pb2.FlushAllCachesResponse(engines=results)
 
-    async def _flush(self, engine: EngineClient) -> router_admin_pb2.EngineFlushResult:
+    async def _flush(
+        self, engine: EngineClient, caller: tuple[tuple[str, str], ...]
+    ) -> router_admin_pb2.EngineFlushResult:
         result = router_admin_pb2.EngineFlushResult(address=engine.address)
         try:
-            reply = await engine.stub.FlushCache(engine_pb2.FlushCacheRequest(), timeout=FLUSH_TIMEOUT_S)
+            reply = await engine.stub.FlushCache(
+                engine_pb2.FlushCacheRequest(), timeout=FLUSH_TIMEOUT_S, metadata=caller
+            )
         except aio.AioRpcError as exc:
             result.message = f"{exc.code().name}: {exc.details()}"
             return result

@@ -7,7 +7,9 @@ defaults); errors name the flag so a wrong command line is easy to fix.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from turnout.security import ServiceSecurity
 
 POLICIES = ("round_robin", "random", "power_of_two", "least_load", "cache_aware")
 
@@ -64,6 +66,8 @@ class RouterConfig:
 
     # Port of the Prometheus /metrics HTTP endpoint (None: not served).
     metrics_port: int | None = None
+    # Who may call this service, and TLS (turnout/security.py; the CLI refuses to start without a token).
+    security: ServiceSecurity = field(default_factory=ServiceSecurity)
 
     def __post_init__(self) -> None:
         if not self.tokenizers:

@@ -27,7 +27,7 @@ from services.router.config import RouterConfig
 from services.router.health_checker import Health, HealthState
 from services.router.policies import Policy, make_policy
 from turnout.errors import NotFound, Unavailable
-from turnout.grpc_server import CHANNEL_OPTIONS, insecure_channel
+from turnout.grpc_server import CHANNEL_OPTIONS, client_channel
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class EngineClient:
     def __init__(self, address: str, target: str, config: RouterConfig) -> None:
         self.address = address
         self.target = target
-        self.channel = insecure_channel(address, ENGINE_CHANNEL_OPTIONS)
+        self.channel = client_channel(address, config.security.client, ENGINE_CHANNEL_OPTIONS)
         self.stub = engine_pb2_grpc.EngineStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.model: common_pb2.ModelInfo | None = None

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from services.router.config import POLICIES, RouterConfig
+from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 # The flags' defaults are the config's.
@@ -32,6 +33,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--port", type=int, default=50050)
     parser.add_argument("--log-level", default=None)
     add_observability_flags(parser, metrics_port=True)
+    add_security_flags(parser)
 
     routing = parser.add_argument_group("routing")
     routing.add_argument("--policy", default=d["policy"], choices=POLICIES, help="default: %(default)s")
@@ -158,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_queued_requests=args.max_queued_requests,
         queue_timeout_s=args.queue_timeout,
         metrics_port=args.metrics_port,
+        security=ServiceSecurity.from_args(args),
     )
 
 
@@ -176,7 +179,7 @@ async def _serve(config: RouterConfig) -> None:
 
     router = RouterRuntime(config)
     await router.start()
-    await serve(config.address, router.services(), service="router", on_stop=router.close)
+    await serve(config.address, router.services(), service="router", on_stop=router.close, security=config.security)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.tokenizer.reasoning import reasoning_parser_class
 from services.tokenizer.tool_parsers import tool_parser_class
+from turnout.security import ServiceSecurity
 from turnout.telemetry.metrics_http import check_metrics_port
 
 
@@ -23,6 +24,8 @@ class TokenizerConfig:
     tool_call_parser: str | None = None
     # Port of the Prometheus /metrics HTTP endpoint (None: not served).
     metrics_port: int | None = None
+    # Who may call this service, and TLS (turnout/security.py; the CLI refuses to start without a token).
+    security: ServiceSecurity = field(default_factory=ServiceSecurity)
 
     def __post_init__(self) -> None:
         if self.reasoning_parser is not None:

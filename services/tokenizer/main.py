@@ -9,6 +9,7 @@ from pathlib import Path
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
+from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 
@@ -33,6 +34,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument("--log-level", default=None)
     add_observability_flags(parser, metrics_port=True)
+    add_security_flags(parser)
     return parser
 
 
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> None:
             reasoning_parser=args.reasoning_parser,
             tool_call_parser=args.tool_call_parser,
             metrics_port=args.metrics_port,
+            security=ServiceSecurity.from_args(args),
         )
     except ValueError as exc:
         raise SystemExit(f"turnout tokenizer: {exc}") from None
@@ -77,7 +80,14 @@ async def _serve(config: TokenizerConfig) -> None:
     endpoint = (
         None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
     )
-    await serve(config.address, [spec], service="tokenizer", interceptors=[metrics], metrics=endpoint)
+    await serve(
+        config.address,
+        [spec],
+        service="tokenizer",
+        interceptors=[metrics],
+        metrics=endpoint,
+        security=config.security,
+    )
 
 
 if __name__ == "__main__":

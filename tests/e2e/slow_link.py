@@ -21,7 +21,9 @@ from typing import Any
 from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
 
+from tests.credentials import INTERNAL
 from turnout.child_processes import free_port
+from turnout.grpc_server import client_channel
 from turnout.v1 import engine_pb2_grpc
 
 
@@ -33,7 +35,7 @@ class _Proxy(engine_pb2_grpc.EngineServicer, health_pb2_grpc.HealthServicer):
 
     def _engine(self) -> engine_pb2_grpc.EngineStub:
         if self._channel is None:
-            self._channel = aio.insecure_channel(self._upstream)
+            self._channel = client_channel(self._upstream, INTERNAL)
         return engine_pb2_grpc.EngineStub(self._channel)
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:

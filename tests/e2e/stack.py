@@ -10,10 +10,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import httpx
 
+from tests.credentials import ADMIN
 from turnout.child_processes import free_port
+from turnout.grpc_auth import sync_channel
 from turnout.v1 import engine_pb2, engine_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ class Stack:
         return [self.port, self.engine_port, self.tokenizer_port, self.router_port]
 
     def engine_load(self) -> engine_pb2.Load:
-        with grpc.insecure_channel(f"127.0.0.1:{self.engine_port}") as channel:
+        with sync_channel(f"127.0.0.1:{self.engine_port}", ADMIN, []) as channel:
             return engine_pb2_grpc.EngineStub(channel).GetLoad(engine_pb2.GetLoadRequest(), timeout=5)
 
     def log(self) -> str:

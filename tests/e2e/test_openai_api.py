@@ -6,12 +6,13 @@ import asyncio
 import threading
 import time
 
-import grpc
 import httpx
 import openai
 import pytest
 
+from tests.credentials import ADMIN
 from tests.e2e.stack import Stack
+from turnout.grpc_auth import sync_channel
 from turnout.v1 import engine_pb2, engine_pb2_grpc
 
 pytestmark = pytest.mark.e2e
@@ -150,7 +151,7 @@ def test_many_concurrent_streams_each_equal_their_solo_result(
 
     def watch_load() -> None:
         nonlocal peak_running
-        with grpc.insecure_channel(f"127.0.0.1:{tiny_stack.engine_port}") as channel:
+        with sync_channel(f"127.0.0.1:{tiny_stack.engine_port}", ADMIN, []) as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
             while not stop.is_set():
                 load = stub.GetLoad(engine_pb2.GetLoadRequest(), timeout=5)

@@ -17,17 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 from grpc import aio
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from tests.credentials import ADMIN
 from tests.e2e.services import Service
 from tests.e2e.slow_link import SlowLink
 from tests.e2e.stack import start_stack
 from turnout.child_processes import free_port
+from turnout.grpc_auth import sync_channel
+from turnout.grpc_server import client_channel
 from turnout.v1 import (
     common_pb2,
     engine_pb2,
@@ -99,14 +101,14 @@ class Router:
         return self.service.address
 
     async def statuses(self) -> dict[str, router_admin_pb2.EngineStatus]:
-        async with aio.insecure_channel(self.address) as channel:
+        async with client_channel(self.address, ADMIN) as channel:
             reply = await router_admin_pb2_grpc.RouterAdminStub(channel).ListEngines(
                 router_admin_pb2.ListEnginesRequest(), timeout=5
             )
         return {s.address: s for s in reply.engines}
 
     async def admission(self) -> tuple[int, int]:
-        async with aio.insecure_channel(self.address) as channel:
+        async with client_channel(self.address, ADMIN) as channel:
             reply = await router_admin_pb2_grpc.RouterAdminStub(channel).ListEngines(
                 router_admin_pb2.ListEnginesRequest(), timeout=5
             )
@@ -117,7 +119,7 @@ class Router:
         return [statuses[a].requests_total for a in addresses]
 
     async def generate(self, input_ids: list[int], max_new_tokens: int = 8) -> list[inference_pb2.GenerateResponse]:
-        async with aio.insecure_channel(self.address) as channel:
+        async with client_channel(self.address, ADMIN) as channel:
             call = inference_pb2_grpc.InferenceStub(channel).Generate(request(input_ids, max_new_tokens), timeout=60)
             return [r async for r in call]
 
@@ -163,7 +165,7 @@ def all_routable(router: Router, count: int = 3) -> Callable[[], Any]:
 
 
 def engine_load(engine: Service) -> engine_pb2.Load:
-    with grpc.insecure_channel(engine.address) as channel:
+    with sync_channel(engine.address, ADMIN, []) as channel:
         return engine_pb2_grpc.EngineStub(channel).GetLoad(engine_pb2.GetLoadRequest(), timeout=5)
 
 
@@ -228,7 +230,7 @@ async def test_cancellation_through_the_router_frees_the_engine(
 ) -> None:
     router = start_router("--policy", "least_load")
     await wait_for(all_routable(router))
-    async with aio.insecure_channel(router.address) as channel:
+    async with client_channel(router.address, ADMIN) as channel:
         call = inference_pb2_grpc.InferenceStub(channel).Generate(request(prompt(random.Random(4)), 3000))
         for _ in range(5):
             await call.read()
@@ -262,7 +264,7 @@ async def test_load_accounting_returns_to_zero_after_a_burst_with_errors_and_can
         except aio.AioRpcError as exc:
             outcomes.append(exc.code().name)
 
-    async with aio.insecure_channel(router.address) as channel:
+    async with client_channel(router.address, ADMIN) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         await asyncio.gather(*(one(i, stub) for i in range(24)))
     assert sorted(set(outcomes)) == ["INVALID_ARGUMENT", "cancelled", "ok"], outcomes
@@ -357,7 +359,7 @@ async def test_killed_engine_under_load(start_router: Callable[..., Router], bac
             except aio.AioRpcError as exc:
                 outcome.finish, outcome.message = f"error {exc.code().name}", exc.details() or ""
 
-    async with aio.insecure_channel(router.address) as channel:
+    async with client_channel(router.address, ADMIN) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         clients = [asyncio.create_task(client(stub)) for _ in range(9)]
 

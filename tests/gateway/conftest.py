@@ -195,12 +195,15 @@ class FakeAdmin(router_admin_pb2_grpc.RouterAdminServicer):
         # Engine address -> why it did not flush; absent: it flushed.
         self.busy: dict[str, str] = {}
         self.flushes = 0
+        # The `authorization` each FlushCache came with.
+        self.authorizations: list[str] = []
 
     async def ListEngines(self, request: Any, context: Any) -> Any:
         return router_admin_pb2.ListEnginesResponse(policy="round_robin", engines=self.engines)
 
     async def FlushCache(self, request: engine_pb2.FlushCacheRequest, context: Any) -> Any:
         self.flushes += 1
+        self.authorizations += [v for k, v in context.invocation_metadata() if k == "authorization"]
         results = [
             router_admin_pb2.EngineFlushResult(
                 address=e.address, flushed=e.address not in self.busy, message=self.busy.get(e.address, "")

@@ -13,6 +13,7 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.middleware import BodySizeLimitMiddleware
 from tests.gateway.conftest import FakeRouter
+from turnout.security import ServiceSecurity
 
 CHAT = [{"role": "user", "content": "Hi"}]
 MakeClient = Callable[[GatewayConfig], AsyncIterator[httpx.AsyncClient]]
@@ -74,7 +75,7 @@ async def test_x_request_id_is_the_router_request_id_and_is_echoed(
 
 
 async def test_api_key(fake_router: FakeRouter, make_client: MakeClient) -> None:
-    config = GatewayConfig(router_address=fake_router.address, api_keys=("k1", "k2"))
+    config = GatewayConfig(router_address=fake_router.address, security=ServiceSecurity(api_keys=("k1", "k2")))
     async for client in make_client(config):
         for path in ("/v1/models", "/tokenize", "/get_server_info"):
             missing = await client.get(path)
@@ -189,11 +190,11 @@ def test_flags_make_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     argv += ["--root-path", "/llm", "--max-request-bytes", "1000"]
     args = parse_args(argv)
     config = config_from_args(args)
-    assert config.served_model_names == ("a", "org/b") and config.api_keys == ("k1", "k2")
+    assert config.served_model_names == ("a", "org/b") and config.security.api_keys == ("k1", "k2")
     assert config.allowed_origins == ("https://x.example",) and config.allowed_methods == ("GET", "POST")
     assert config.allow_credentials and config.root_path == "/llm" and config.max_request_bytes == 1000
     assert "k1" not in repr(config)
     monkeypatch.setenv("TURNOUT_API_KEY", "from-env")
-    assert config_from_args(parse_args(["--router", "r:1"])).api_keys == ("from-env",)
+    assert config_from_args(parse_args(["--router", "r:1"])).security.api_keys == ("from-env",)
     with pytest.raises(ValueError, match="root_path"):
         config_from_args(parse_args(["--router", "r:1", "--root-path", "llm/"]))

@@ -12,6 +12,7 @@ from grpc import aio
 from gateway.config import GatewayConfig
 from tests.gateway.conftest import FakeRouter, MakeClient, complete, fake_encode
 from turnout import __version__
+from turnout.security import ServiceSecurity
 
 
 async def test_health_needs_a_routable_engine(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
@@ -41,7 +42,8 @@ async def test_health_generate_runs_one_token_through_the_stack(
 
 
 async def test_version_and_server_info(fake_router: FakeRouter, make_client: MakeClient) -> None:
-    config = GatewayConfig(router_address=fake_router.address, api_keys=("secret",), served_model_names=("m",))
+    security = ServiceSecurity(api_keys=("secret",), admin_key="admin-secret", internal_token="token-secret")
+    config = GatewayConfig(router_address=fake_router.address, security=security, served_model_names=("m",))
     async for client in make_client(config):
         auth = {"Authorization": "Bearer secret"}
         assert (await client.get("/version")).json() == {"version": __version__}
@@ -49,19 +51,40 @@ async def test_version_and_server_info(fake_router: FakeRouter, make_client: Mak
         assert info["model_path"] == "/models/tiny" and info["context_length"] == 2048
         assert info["served_model_name"] == "m" and info["served_model_names"] == ["m"]
         assert info["api_key_required"] is True
-        assert "secret" not in str(info)
+        assert "secret" not in str(info)  # none of the three
         assert info["internal_states"][0]["address"] == "10.0.0.5:50051"
 
 
-async def test_flush_cache(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
-    for method in ("POST", "GET"):
-        ok = await client.request(method, "/flush_cache")
-        assert ok.status_code == 200 and "Cache flushed" in ok.text
-    assert fake_router.admin.flushes == 2
-    fake_router.admin.busy["10.0.0.5:50051"] = "not flushed: 2 requests running or waiting hold KV blocks"
-    busy = await client.post("/flush_cache")
-    assert busy.status_code == 400
-    assert "2 requests running" in busy.json()["error"]["message"]
+async def test_flush_cache(fake_router: FakeRouter, make_client: MakeClient) -> None:
+    config = GatewayConfig(router_address=fake_router.address, security=ServiceSecurity(admin_key="adm"))
+    async for client in make_client(config):
+        admin = {"Authorization": "Bearer adm"}
+        for method in ("POST", "GET"):
+            ok = await client.request(method, "/flush_cache", headers=admin)
+            assert ok.status_code == 200 and "Cache flushed" in ok.text
+        assert fake_router.admin.flushes == 2
+        # The caller's admin key goes on to the router, which checks it (and passes it to the engines).
+        assert fake_router.admin.authorizations == ["Bearer adm", "Bearer adm"]
+        fake_router.admin.busy["10.0.0.5:50051"] = "not flushed: 2 requests running or waiting hold KV blocks"
+        busy = await client.post("/flush_cache", headers=admin)
+        assert busy.status_code == 400
+        assert "2 requests running" in busy.json()["error"]["message"]
+
+
+async def test_flush_cache_needs_the_admin_key(
+    client: httpx.AsyncClient, fake_router: FakeRouter, make_client: MakeClient
+) -> None:
+    # No admin key configured: the admin routes are off.
+    off = await client.post("/flush_cache", headers={"Authorization": "Bearer anything"})
+    assert off.status_code == 403 and "--admin-key" in off.json()["error"]["message"]
+    security = ServiceSecurity(api_keys=("user",), admin_key="adm")
+    async for keyed in make_client(GatewayConfig(router_address=fake_router.address, security=security)):
+        for headers in ({}, {"Authorization": "Bearer user"}, {"Authorization": "Bearer wrong"}):
+            refused = await keyed.post("/flush_cache", headers=headers)
+            assert refused.status_code == 401, headers
+        # The admin key also opens what the API key opens.
+        assert (await keyed.get("/v1/models", headers={"Authorization": "Bearer adm"})).status_code == 200
+    assert fake_router.admin.flushes == 0
 
 
 async def test_tokenize_prompt_batch_and_messages(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:

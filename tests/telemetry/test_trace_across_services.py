@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from services.engine.config import EngineConfig
 from services.engine.model_loader import LoadedModel, load_model
 from tests.telemetry.in_process import in_process_stack
-from turnout.grpc_server import insecure_channel
+from turnout.grpc_server import client_channel
 from turnout.telemetry import tracing
 from turnout.telemetry.grpc_tracing import TracingChannel, TracingInterceptor, server_interceptors
 
@@ -116,7 +116,7 @@ async def test_tracing_off_records_nothing_and_installs_no_interceptor(
 ) -> None:
     assert not tracing.enabled()
     assert server_interceptors("engine") == []
-    plain = insecure_channel("127.0.0.1:1")
+    plain = client_channel("127.0.0.1:1")
     assert not isinstance(plain, TracingChannel)
     await plain.close()
     # A provider exists but was never turned on: nothing may reach it.
@@ -130,7 +130,7 @@ async def test_tracing_off_records_nothing_and_installs_no_interceptor(
 
     tracing.use_provider(provider)
     try:
-        traced = insecure_channel("127.0.0.1:1")
+        traced = client_channel("127.0.0.1:1")
         assert isinstance(traced, TracingChannel)
         await traced.close()
         assert [type(i) for i in server_interceptors("engine")] == [TracingInterceptor]

@@ -15,7 +15,7 @@ from grpc import aio
 from services.tokenizer.service import TokenizerServicer
 from services.tokenizer.text_tokenizer import TextTokenizer
 from turnout.errors import StatusInterceptor
-from turnout.grpc_server import insecure_channel
+from turnout.grpc_server import client_channel
 from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
 
@@ -29,7 +29,7 @@ async def _serve(tokenizer: TextTokenizer) -> AsyncIterator[tokenizer_pb2_grpc.T
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerServicer(tokenizer), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    async with insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with client_channel(f"127.0.0.1:{port}") as channel:
         yield tokenizer_pb2_grpc.TokenizerStub(channel)
     await server.stop(0)
 

@@ -13,7 +13,8 @@ from grpc import aio
 from turnout.client import results
 from turnout.client.requests import Message, Prompt, generate_request, tokenize_request
 from turnout.client.results import Completion, Delta, ModelInfo, Tokenized, TurnoutError
-from turnout.grpc_server import insecure_channel
+from turnout.grpc_server import client_channel
+from turnout.security import ClientCredentials, TlsFiles
 from turnout.v1 import inference_pb2, inference_pb2_grpc
 
 
@@ -46,8 +47,17 @@ class AsyncGenerateStream:
 class AsyncClient:
     """The router's `turnout.v1.Inference` service over one asyncio channel."""
 
-    def __init__(self, address: str, *, timeout_s: float | None = None) -> None:
-        self._channel = insecure_channel(address)
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float | None = None,
+        api_key: str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        """`api_key`: sent as `authorization: Bearer` on every call (the router's --api-key);
+        `tls`: connect over TLS, verified with its CA (mutual TLS with its certificate and key)."""
+        self._channel = client_channel(address, ClientCredentials(bearer=api_key, tls=tls))
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
         self._timeout_s = timeout_s
 

@@ -12,7 +12,9 @@ import grpc
 from turnout.client import results
 from turnout.client.requests import Message, Prompt, generate_request, tokenize_request
 from turnout.client.results import Completion, Delta, ModelInfo, Tokenized, TurnoutError
+from turnout.grpc_auth import sync_channel
 from turnout.grpc_server import CHANNEL_OPTIONS
+from turnout.security import ClientCredentials, TlsFiles
 from turnout.v1 import inference_pb2, inference_pb2_grpc
 
 
@@ -49,8 +51,17 @@ class GenerateStream:
 class Client:
     """The router's `turnout.v1.Inference` service over one channel; `timeout_s` is every call's deadline."""
 
-    def __init__(self, address: str, *, timeout_s: float | None = None) -> None:
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float | None = None,
+        api_key: str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        """`api_key`: sent as `authorization: Bearer` on every call (the router's --api-key);
+        `tls`: connect over TLS, verified with its CA (mutual TLS with its certificate and key)."""
+        self._channel = sync_channel(address, ClientCredentials(bearer=api_key, tls=tls), CHANNEL_OPTIONS)
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
         self._timeout_s = timeout_s
 
