@@ -76,24 +76,29 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, security: ServiceSecurity) -> None:
         self._security = security
 
-    def granted(self, bearer: str | None) -> Access:
-        """The most a caller with `bearer` may do. Every secret is compared, in constant time."""
+    def credential(self, bearer: str | None) -> Access:
+        """What `bearer` is: ADMIN (the admin key), INTERNAL (the token), PUBLIC (an API key) or OPEN
+        (nothing this service knows). Every secret is compared, in constant time."""
         s = self._security
         given = (bearer or "").encode()
         admin = _matches(given, s.admin_key)
         internal = _matches(given, s.internal_token)
         public = any([_matches(given, key) for key in s.api_keys])
-        if admin:
-            return Access.ADMIN
-        if internal or s.internal_token is None:
-            return Access.INTERNAL
-        if public or not s.api_keys:
-            return Access.PUBLIC
-        return Access.OPEN
+        return Access.ADMIN if admin else Access.INTERNAL if internal else Access.PUBLIC if public else Access.OPEN
+
+    def allows(self, credential: Access, needed: Access) -> bool:
+        """Each credential allows its level and those below; a level with no secret configured is
+        open (INTERNAL under --insecure-internal, PUBLIC without API keys), ADMIN never."""
+        if credential >= needed or needed is Access.OPEN:
+            return True
+        if needed is Access.INTERNAL:
+            return self._security.internal_token is None
+        return needed is Access.PUBLIC and not self._security.api_keys
 
     def refusal(self, method: str, bearer: str | None) -> tuple[grpc.StatusCode, str] | None:
         needed = required_access(method)
-        if needed is Access.OPEN or self.granted(bearer) >= needed:
+        credential = self.credential(bearer)
+        if self.allows(credential, needed):
             return None
         if needed is Access.ADMIN and self._security.admin_key is None:
             return grpc.StatusCode.PERMISSION_DENIED, f"{method} is an admin RPC and no --admin-key is configured"
@@ -102,7 +107,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             Access.INTERNAL: "the internal token",
             Access.ADMIN: "the admin key",
         }[needed]
-        if bearer is None or self.granted(bearer) is Access.OPEN:
+        if credential is Access.OPEN:
             return grpc.StatusCode.UNAUTHENTICATED, f"{method} needs 'authorization: Bearer <key>' with {what}"
         return grpc.StatusCode.PERMISSION_DENIED, f"{method} needs {what}; this credential allows less"
 

@@ -310,9 +310,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"turnout serve: --engines must be at least 1, got {args.engines}")
     if not (model / "config.json").is_file():
         raise SystemExit(f"turnout serve: --model {model}: no config.json there")
-    # Children inherit the secrets (never on a command line or in the start log).
-    os.environ.update(stack_environment(args))
-    stack = build_stack(args, model)
+    try:
+        # Children inherit the secrets (never on a command line or in the start log).
+        os.environ.update(stack_environment(args))
+        stack = build_stack(args, model)
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"turnout serve: {exc}") from None
     signal.signal(signal.SIGTERM, stack.request_stop)
     signal.signal(signal.SIGINT, stack.request_stop)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -29,10 +30,12 @@ class Stack:
     tokenizer_port: int
     router_port: int
     log_path: Path
+    # The CA of a stack serving HTTPS (--ssl-certfile); None: plain HTTP.
+    https_ca: Path | None = None
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.https_ca else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def ports(self) -> list[int]:
@@ -63,7 +66,9 @@ class Stack:
         return time.monotonic() - started
 
 
-def start_stack(model: Path, log_path: Path, *extra: str, timeout_s: float = 240.0) -> Stack:
+def start_stack(
+    model: Path, log_path: Path, *extra: str, timeout_s: float = 240.0, https_ca: Path | None = None
+) -> Stack:
     ports = [free_port() for _ in range(4)]
     argv = [sys.executable, "-m", "turnout.cli", "serve", "--model", str(model), "--port", str(ports[0])]
     argv += ["--engine-port", str(ports[1]), "--tokenizer-port", str(ports[2]), "--router-port", str(ports[3])]
@@ -73,7 +78,8 @@ def start_stack(model: Path, log_path: Path, *extra: str, timeout_s: float = 240
     process = subprocess.Popen(
         argv, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ}, start_new_session=True
     )
-    stack = Stack(process, *ports, log_path=log_path)
+    port, engine_port, tokenizer_port, router_port = ports
+    stack = Stack(process, port, engine_port, tokenizer_port, router_port, log_path, https_ca)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -81,7 +87,8 @@ def start_stack(model: Path, log_path: Path, *extra: str, timeout_s: float = 240
         try:
             # The launcher's ready line comes after its own health checks of every child: a
             # healthy gateway alone may answer before the launcher has said where things are.
-            healthy = httpx.get(f"{stack.base_url}/health", timeout=1.0).status_code == 200
+            verify = ssl.create_default_context(cafile=https_ca) if https_ca else True
+            healthy = httpx.get(f"{stack.base_url}/health", timeout=1.0, verify=verify).status_code == 200
             if healthy and READY_LINE in log_path.read_bytes():
                 return stack
         except httpx.HTTPError:

@@ -23,13 +23,14 @@ from grpc import aio
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from tests.credentials import ADMIN
+from tests.credentials import ADMIN, TEST_INTERNAL_TOKEN
 from tests.e2e.services import Service
 from tests.e2e.slow_link import SlowLink
 from tests.e2e.stack import start_stack
 from turnout.child_processes import free_port
 from turnout.grpc_auth import sync_channel
 from turnout.grpc_server import client_channel
+from turnout.security import ServiceSecurity
 from turnout.v1 import (
     common_pb2,
     engine_pb2,
@@ -282,7 +283,9 @@ async def test_gateway_answers_429_when_full_and_503_without_engines(
     body = {"input_ids": prompt(random.Random(6)), "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
 
     async def gateway(address: str) -> Any:
-        app = create_app(GatewayConfig(router_address=address))
+        app = create_app(
+            GatewayConfig(router_address=address, security=ServiceSecurity(internal_token=TEST_INTERNAL_TOKEN))
+        )
         return app, app.router.lifespan_context(app)
 
     app, lifespan = await gateway(full.address)
