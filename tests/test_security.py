@@ -98,7 +98,9 @@ def test_the_access_table_names_real_methods() -> None:
     assert paths >= ADMIN_METHODS, ADMIN_METHODS - paths
     assert required_access("/turnout.v1.Inference/Generate") is Access.PUBLIC
     assert required_access("/grpc.health.v1.Health/Check") is Access.OPEN
-    assert required_access("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") is Access.INTERNAL
+    assert required_access("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo") is Access.PUBLIC
+    assert required_access("/turnout.v1.RouterAdmin/ListEngines") is Access.PUBLIC
+    assert required_access("/turnout.v1.Engine/GetLoad") is Access.INTERNAL
     # A method nobody has classified yet needs the token.
     assert required_access("/turnout.v1.Engine/SomethingNew") is Access.INTERNAL
 

@@ -3,7 +3,8 @@ it, and the client side that attaches it.
 
 Every call carries `authorization: Bearer <credential>`. Three credentials, each allowing more:
 
-    API key          PUBLIC     the router's Inference service (open while no API key is configured)
+    API key          PUBLIC     the router's Inference service, ListEngines and reflection (open while no
+                                API key is configured)
     internal token   INTERNAL   every RPC but the admin ones (open only with --insecure-internal)
     admin key        ADMIN      everything, the admin RPCs included (refused while none is configured)
 
@@ -32,7 +33,10 @@ class Access(enum.IntEnum):
 
 
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
-_PUBLIC_PREFIXES = ("/turnout.v1.Inference/",)
+# The public contract: what the HTTP API also offers to an API key (/v1/engines is ListEngines),
+# and reflection, which describes only the published .proto files and which grpcurl needs.
+_PUBLIC_PREFIXES = ("/turnout.v1.Inference/", "/grpc.reflection.")
+_PUBLIC_METHODS = frozenset({"/turnout.v1.RouterAdmin/ListEngines"})
 # Methods that change what the deployment serves, or touch other callers' requests.
 ADMIN_METHODS = frozenset(
     {
@@ -51,7 +55,7 @@ def required_access(method: str) -> Access:
         return Access.OPEN
     if method in ADMIN_METHODS:
         return Access.ADMIN
-    if method.startswith(_PUBLIC_PREFIXES):
+    if method.startswith(_PUBLIC_PREFIXES) or method in _PUBLIC_METHODS:
         return Access.PUBLIC
     return Access.INTERNAL
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 from turnout.grpc_server import wait_healthy
+from turnout.security import ClientCredentials, tls_from_args
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -14,12 +16,21 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("address", metavar="HOST:PORT")
     parser.add_argument("--service", default="", help="service name to check (default: the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to keep trying")
+    # The health service needs no credential; a TLS service needs TLS (docs/security.md).
+    parser.add_argument("--ssl-ca-certs", type=Path, default=None, help="CA of a TLS service")
+    parser.add_argument("--ssl-certfile", type=Path, default=None, help="client certificate (mutual TLS)")
+    parser.add_argument("--ssl-keyfile", type=Path, default=None, help="its key")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        asyncio.run(wait_healthy(args.address, args.timeout, args.service))
+        credentials = ClientCredentials(tls=tls_from_args(args))
+    except ValueError as exc:
+        print(f"turnout health: {exc}")
+        return 2
+    try:
+        asyncio.run(wait_healthy(args.address, args.timeout, args.service, credentials))
     except TimeoutError as exc:
         print(f"unhealthy: {exc}")
         return 1
