@@ -98,9 +98,20 @@ def resolve(node: Any, env: Mapping[str, str]) -> Any:
     return node
 
 
+# What a deployment must set (compose's `${VAR:?...}`): the services' shared token.
+REQUIRED_ENV = {"TURNOUT_INTERNAL_TOKEN": "compose-test-token"}
+
+
 def load_compose(env: Mapping[str, str] | None = None) -> Compose:
     doc = yaml.safe_load(COMPOSE_FILE.read_text())
-    return resolve(doc, env or {})
+    return resolve(doc, {**REQUIRED_ENV, **(env or {})})
+
+
+def test_compose_requires_an_internal_token() -> None:
+    with pytest.raises(ValueError, match="TURNOUT_INTERNAL_TOKEN"):
+        resolve(yaml.safe_load(COMPOSE_FILE.read_text()), {})
+    every = load_compose()["x-turnout"]["environment"]
+    assert every["TURNOUT_INTERNAL_TOKEN"] == "compose-test-token"
 
 
 @pytest.fixture(scope="module")
