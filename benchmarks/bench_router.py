@@ -100,6 +100,8 @@ class Serve:
         os.killpg(self.process.pid, signal.SIGTERM)
         self.process.wait(timeout=60)
         self._log.close()
+        self._token_file.unlink(missing_ok=True)
+        self._token_file.parent.rmdir()
 
 
 def make_prompts(count: int, length: int, seed: int) -> list[list[int]]:

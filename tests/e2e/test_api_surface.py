@@ -11,6 +11,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from tests.credentials import TEST_ADMIN_KEY
 from tests.e2e.stack import Stack
 from turnout.client import Client, TurnoutError
 
@@ -114,7 +115,9 @@ def test_sglang_server_routes(tiny_stack: Stack) -> None:
     info = httpx.get(f"{base}/get_server_info").json()
     assert info["internal_states"][0]["routable"] is True
     # The engine is idle between requests: the flush happens.
-    flushed = httpx.post(f"{base}/flush_cache", timeout=30)
+    # The suite's admin key reaches the stack's children (tests/conftest.py).
+    admin = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+    flushed = httpx.post(f"{base}/flush_cache", headers=admin, timeout=30)
     assert flushed.status_code == 200, flushed.text
 
 
