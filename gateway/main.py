@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 
 from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
@@ -140,7 +141,11 @@ def run(args: argparse.Namespace) -> None:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
-    # uvicorn shuts down gracefully, then re-raises Ctrl-C only to exit: no traceback for that.
+    # uvicorn shuts down gracefully, then raises the signal it handled again to end the process the
+    # way that signal would. Handled here like uvicorn handles it, SIGTERM ends with exit status 0
+    # instead of death by signal (and one that comes before uvicorn listens still stops it); Ctrl-C
+    # is re-raised as KeyboardInterrupt: no traceback for that.
+    signal.signal(signal.SIGTERM, server.handle_exit)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
 
