@@ -32,6 +32,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="deadline of each call to the router; past it the client gets 504 (default: none)",
     )
     parser.add_argument(
+        "--router-ready-timeout",
+        type=float,
+        default=GatewayConfig.router_ready_timeout_s,
+        metavar="SECONDS",
+        help="how long a request waits for a router that is down (restarting) before 503; 0: no wait "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--served-model-name",
         nargs="+",
         default=None,
@@ -99,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         host=args.host,
         port=args.port,
         request_timeout_s=args.request_timeout,
+        router_ready_timeout_s=args.router_ready_timeout,
         served_model_names=tuple(args.served_model_name or ()),
         api_keys=tuple(keys),
         allowed_origins=tuple(args.allowed_origins),

@@ -117,6 +117,8 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     for port in engine_ports:
         router += ["--engine", f"127.0.0.1:{port}"]
     router += ["--host", "127.0.0.1", "--port", str(ports["router"])]
+    if args.tokenizer_ready_timeout is not None:
+        router += ["--tokenizer-ready-timeout", str(args.tokenizer_ready_timeout)]
     gateway = [*turnout, "gateway", "--router", addr["router"], "--host", args.host, "--port", str(args.port)]
     gateway += gateway_flags(args)
     tokenizer_metrics, router_metrics = metrics_port(), metrics_port()
@@ -173,7 +175,14 @@ def gateway_flags(args: argparse.Namespace) -> list[str]:
     flags: list[str] = []
     if args.served_model_name:
         flags += ["--served-model-name", *args.served_model_name]
-    for name in ("allowed_origins", "allowed_methods", "allowed_headers", "root_path", "max_request_bytes"):
+    for name in (
+        "allowed_origins",
+        "allowed_methods",
+        "allowed_headers",
+        "root_path",
+        "max_request_bytes",
+        "router_ready_timeout",
+    ):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
@@ -294,6 +303,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="serve Prometheus /metrics of the engine(s), tokenizer, router and launcher on free ports (printed at "
         "start); the gateway's is always at /metrics on its HTTP port",
+    )
+    parser.add_argument(
+        "--tokenizer-ready-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="router: how long a request waits for a restarting tokenizer before 503 (router default: 5)",
+    )
+    parser.add_argument(
+        "--router-ready-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="gateway: how long a request waits for a restarting router before 503 (gateway default: 10)",
     )
     add_restart_flags(parser)
     return parser

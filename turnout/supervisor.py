@@ -82,9 +82,14 @@ class RestartPolicy:
 def add_restart_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("restarts (a child that dies is restarted; a crash loop stops the stack)")
     for f in dataclasses.fields(RestartPolicy):
-        kind = int if f.type == "int" else float
+        kind, metavar = (int, "N") if f.type == "int" else (float, "SECONDS")
         group.add_argument(
-            f.metadata["flag"], dest=f"restart_{f.name}", type=kind, default=f.default, help=f.metadata["help"]
+            f.metadata["flag"],
+            dest=f"restart_{f.name}",
+            type=kind,
+            default=f.default,
+            metavar=metavar,
+            help=f.metadata["help"],
         )
 
 
