@@ -28,7 +28,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
         # The channel connects lazily: the gateway starts even when the router
         # is not up yet (/health says 503 until it is).
         channel = client_channel(config.router_address, config.security.client)
-        app.state.router = RouterClient.on_channel(channel, config.request_timeout_s, config.served_model_names)
+        app.state.router = RouterClient.on_channel(
+            channel,
+            config.request_timeout_s,
+            config.served_model_names,
+            address=config.router_address,
+            ready_timeout_s=config.router_ready_timeout_s,
+        )
         try:
             yield
         finally:

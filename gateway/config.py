@@ -17,6 +17,8 @@ class GatewayConfig:
 
     `request_timeout_s` bounds each gRPC call to the router (None: no deadline);
     a call that runs past it answers HTTP 504.
+    `router_ready_timeout_s`: how long a request waits for a router that is down
+    (restarting) to come back before it answers 503.
     `served_model_names` are names clients may use for the router's default
     model (vLLM's `--served-model-name a b`); the first is the one responses
     report. Empty: the router's own names only.
@@ -32,6 +34,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     request_timeout_s: float | None = None
+    router_ready_timeout_s: float = 10.0
     served_model_names: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ("*",)
     allowed_methods: tuple[str, ...] = ("*",)
@@ -54,6 +57,8 @@ class GatewayConfig:
             math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0
         ):
             raise ValueError(f"request_timeout_s must be a positive number or None, got {self.request_timeout_s}")
+        if not (math.isfinite(self.router_ready_timeout_s) and self.router_ready_timeout_s >= 0):
+            raise ValueError(f"router_ready_timeout_s must be >= 0 seconds, got {self.router_ready_timeout_s}")
         if any(not name.strip() for name in self.served_model_names):
             raise ValueError("served model names must not be empty")
         if len(set(self.served_model_names)) != len(self.served_model_names):

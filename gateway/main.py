@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import json
 import logging
+import os
+import signal
 
 from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
 from turnout.security import ServiceSecurity, add_security_flags
@@ -29,6 +31,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=None,
         metavar="SECONDS",
         help="deadline of each call to the router; past it the client gets 504 (default: none)",
+    )
+    parser.add_argument(
+        "--router-ready-timeout",
+        type=float,
+        default=GatewayConfig.router_ready_timeout_s,
+        metavar="SECONDS",
+        help="how long a request waits for a router that is down (restarting) before 503; 0: no wait "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--served-model-name",
@@ -90,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         host=args.host,
         port=args.port,
         request_timeout_s=args.request_timeout,
+        router_ready_timeout_s=args.router_ready_timeout,
         served_model_names=tuple(args.served_model_name or ()),
         allowed_origins=tuple(args.allowed_origins),
         allowed_methods=tuple(args.allowed_methods),
@@ -137,7 +148,11 @@ def run(args: argparse.Namespace) -> None:
             ssl_keyfile=str(tls.keyfile) if https and tls is not None else None,
         )
     )
-    # uvicorn shuts down gracefully, then re-raises Ctrl-C only to exit: no traceback for that.
+    # uvicorn shuts down gracefully, then raises the signal it handled again to end the process the
+    # way that signal would. Handled here like uvicorn handles it, SIGTERM ends with exit status 0
+    # instead of death by signal (and one that comes before uvicorn listens still stops it); Ctrl-C
+    # is re-raised as KeyboardInterrupt: no traceback for that.
+    signal.signal(signal.SIGTERM, server.handle_exit)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
 

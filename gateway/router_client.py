@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpc import aio
 from starlette.requests import Request
 
+from gateway.errors import HTTPError
 from gateway.generation import Generation
+from turnout.channel_ready import first_ready
 from turnout.v1 import (
     common_pb2,
     engine_pb2,
@@ -28,25 +31,59 @@ class RouterClient:
     admin: router_admin_pb2_grpc.RouterAdminStub | None = None
     # --served-model-name: names of the router's default model; the first is reported.
     aliases: tuple[str, ...] = ()
+    # The stubs' channel, to wait up to `ready_timeout_s` for a router that is down (restarting)
+    # before a call; None: no waiting.
+    channel: aio.Channel | None = None
+    address: str = ""
+    ready_timeout_s: float = 0.0
 
     @classmethod
-    def on_channel(cls, channel: aio.Channel, timeout_s: float | None, aliases: Sequence[str] = ()) -> RouterClient:
+    def on_channel(
+        cls,
+        channel: aio.Channel,
+        timeout_s: float | None,
+        aliases: Sequence[str] = (),
+        *,
+        address: str = "",
+        ready_timeout_s: float = 0.0,
+    ) -> RouterClient:
         return cls(
             inference_pb2_grpc.InferenceStub(channel),
             timeout_s,
             router_admin_pb2_grpc.RouterAdminStub(channel),
             tuple(aliases),
+            channel,
+            address,
+            ready_timeout_s,
         )
+
+    async def connected(self, timeout_s: float | None = None) -> None:
+        """Return at once while the router is connected; while it is down, wait for it up to the
+        ready timeout (or `timeout_s`, if shorter), then raise HTTP 503 naming it. With no wait
+        allowed, the call goes ahead (and fails at once if the router is down)."""
+        wait_s = self.ready_timeout_s if timeout_s is None else min(timeout_s, self.ready_timeout_s)
+        if self.channel is None or wait_s <= 0:
+            return
+        if await first_ready([self.channel], 0, wait_s) is None:
+            raise HTTPError(
+                503, f"the router at {self.address} is not reachable (restarting?); waited {wait_s:g} s for it"
+            )
+
+    def probing(self) -> RouterClient:
+        """This client for a probe: it tells how things are now, so it never waits for the router."""
+        return dataclasses.replace(self, ready_timeout_s=0.0)
 
     def router_model(self, requested: str | None) -> str:
         """The name to send to the router: an alias becomes "" (the default model)."""
         return "" if not requested or requested in self.aliases else requested
 
     async def generate(self, requests: Sequence[inference_pb2.GenerateRequest]) -> Generation:
+        await self.connected()
         return await Generation.start(self.stub, requests, self.timeout_s)
 
     async def tokenize_request(self, request: inference_pb2.TokenizeRequest) -> inference_pb2.TokenizeResponse:
         request.model = self.router_model(request.model)
+        await self.connected()
         return await self.stub.Tokenize(request, timeout=self.timeout_s)
 
     async def tokenize(self, model: str, text: str, add_special_tokens: bool | None) -> list[int]:
@@ -54,6 +91,7 @@ class RouterClient:
         request = inference_pb2.TokenizeRequest(model=model, text=text)
         if add_special_tokens is not None:
             request.add_special_tokens = add_special_tokens
+        await self.connected()
         reply = await self.stub.Tokenize(request, timeout=self.timeout_s)
         return list(reply.input_ids)
 
@@ -61,10 +99,12 @@ class RouterClient:
         request = inference_pb2.DetokenizeTextRequest(model=model, token_ids=token_ids)
         if skip_special_tokens is not None:
             request.skip_special_tokens = skip_special_tokens
+        await self.connected()
         reply = await self.stub.Detokenize(request, timeout=self.timeout_s)
         return reply.text
 
     async def list_models(self, timeout_s: float | None = None) -> list[common_pb2.ModelInfo]:
+        await self.connected(timeout_s)
         reply = await self.stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout_s or self.timeout_s)
         return list(reply.models)
 
@@ -72,12 +112,14 @@ class RouterClient:
         """The named model (an alias: the default one), or the default one for an empty name; NOT_FOUND
         when unknown."""
         request = inference_pb2.ModelInfoRequest(model=self.router_model(model))
+        await self.connected(timeout_s)
         return await self.stub.GetModelInfo(request, timeout=timeout_s or self.timeout_s)
 
     async def list_engines(self, timeout_s: float | None = None) -> router_admin_pb2.ListEnginesResponse:
         """The router's engines with their health, load and counters (RouterAdmin.ListEngines)."""
         assert self.admin is not None, "RouterClient built without the admin stub"
         request = router_admin_pb2.ListEnginesRequest()
+        await self.connected(timeout_s)
         return await self.admin.ListEngines(request, timeout=timeout_s or self.timeout_s)
 
     async def model_name(self, requested: str | None) -> str:
@@ -93,6 +135,7 @@ class RouterClient:
         """Drop every engine's prefix cache (RouterAdmin.FlushCache), as the caller holding `admin_key`
         (the router and each engine check it)."""
         assert self.admin is not None, "RouterClient built without the admin stub"
+        await self.connected()
         metadata = (("authorization", f"Bearer {admin_key}"),)
         return await self.admin.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.timeout_s, metadata=metadata)
 

@@ -35,7 +35,7 @@ HEALTH_GENERATE_TIMEOUT_S = 20.0
 @router.get("/health")
 async def health(request: Request) -> Response:
     """200 when the router answers, serves a model and has a routable engine; else 503."""
-    client = router_of(request)
+    client = router_of(request).probing()
     try:
         models, engines = await asyncio.gather(
             client.list_models(timeout_s=HEALTH_TIMEOUT_S), client.list_engines(timeout_s=HEALTH_TIMEOUT_S)
@@ -60,7 +60,7 @@ async def health_generate(request: Request) -> Response:
         sampling_params=common_pb2.SamplingParams(max_new_tokens=1, temperature=0.0),
     )
     try:
-        generation = await router_of(request).generate([message])
+        generation = await router_of(request).probing().generate([message])
         await asyncio.wait_for(generation.collect(), HEALTH_GENERATE_TIMEOUT_S)
     except TimeoutError:
         return error_response(HTTPError(503, f"no token within {HEALTH_GENERATE_TIMEOUT_S:g} s"))

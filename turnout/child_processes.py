@@ -1,6 +1,6 @@
-"""The child processes of `turnout serve` and their supervision: start in stages, each waited
-for until healthy; stop in reverse, SIGTERM then SIGKILL after a grace period; and the children's
-side of dying with the launcher.
+"""The child processes of `turnout serve`: start in stages, each waited for until healthy; stop
+in reverse, SIGTERM then SIGKILL after a grace period; and the children's side of dying with the
+launcher. Restarting the ones that die is `supervisor.py`'s job.
 """
 
 from __future__ import annotations
@@ -124,14 +124,6 @@ class Stack:
                     time.sleep(0.25)
         return True
 
-    def wait(self) -> None:
-        while not self.stopping:
-            dead = self._dead_child()
-            if dead is not None:
-                log.error("child exited", extra={"child": dead.name, "returncode": dead.exited})
-                return
-            time.sleep(0.2)
-
     def stop(self) -> None:
         running = [c for c in reversed(self.children) if c.process is not None and c.exited is None]
         for child in running:
@@ -146,6 +138,7 @@ class Stack:
                 log.warning("killing child that ignored SIGTERM", extra={"child": child.name})
                 child.process.kill()
                 child.process.wait()
+            log.info("child stopped", extra={"child": child.name, "returncode": child.process.returncode})
 
     def _dead_child(self) -> Child | None:
         return next((c for c in self.children if c.exited is not None), None)

@@ -6,12 +6,15 @@ round-robin over the GPUs when there are more replicas than GPUs; on the CPU the
 replicas split the cores between their thread pools (`OMP_NUM_THREADS`).
 
 `--metrics` gives every gRPC service a free Prometheus port (printed once the stack is up; the
-gateway always serves `/metrics` on its HTTP port). `--log-format` is passed to every child;
-the OTEL_* environment (tracing) reaches them as it is.
+gateway always serves `/metrics` on its HTTP port), and the launcher one for its restart
+counter. `--log-format` is passed to every child; the OTEL_* environment (tracing) reaches them
+as it is.
 
 Start order: engines and tokenizer, then the router, then the gateway; each is
-waited for until healthy. Stop order is the reverse. On SIGTERM/SIGINT, or when
-any child dies, every child gets SIGTERM, then SIGKILL after a grace period;
+waited for until healthy (a child that dies during start-up fails the start).
+Once serving, a child that dies is restarted with backoff while the others keep
+serving; a crash loop stops the stack (supervisor.py). Stop order is the reverse:
+on SIGTERM/SIGINT every child gets SIGTERM, then SIGKILL after a grace period;
 children also get SIGTERM from the kernel if the launcher itself dies.
 """
 
@@ -27,12 +30,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from services.router.config import POLICIES
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
 from turnout.logs import LOG_FORMATS
 from turnout.security import add_security_flags, launcher_credentials, stack_environment, stack_flags
+from turnout.supervisor import Supervisor, add_restart_flags, restart_policy_from_args
+from turnout.telemetry.metrics_http import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +121,8 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     for port in engine_ports:
         router += ["--engine", f"127.0.0.1:{port}"]
     router += ["--host", "127.0.0.1", "--port", str(ports["router"])]
+    if args.tokenizer_ready_timeout is not None:
+        router += ["--tokenizer-ready-timeout", str(args.tokenizer_ready_timeout)]
     gateway = [*turnout, "gateway", "--router", addr["router"], "--host", args.host, "--port", str(args.port)]
     gateway += gateway_flags(args)
     tokenizer_metrics, router_metrics = metrics_port(), metrics_port()
@@ -172,7 +181,14 @@ def gateway_flags(args: argparse.Namespace) -> list[str]:
     flags: list[str] = []
     if args.served_model_name:
         flags += ["--served-model-name", *args.served_model_name]
-    for name in ("allowed_origins", "allowed_methods", "allowed_headers", "root_path", "max_request_bytes"):
+    for name in (
+        "allowed_origins",
+        "allowed_methods",
+        "allowed_headers",
+        "root_path",
+        "max_request_bytes",
+        "router_ready_timeout",
+    ):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
@@ -290,10 +306,25 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--metrics",
         action="store_true",
-        help="serve Prometheus /metrics of the engine(s), tokenizer and router on free ports (printed at start); "
-        "the gateway's is always at /metrics on its HTTP port",
+        help="serve Prometheus /metrics of the engine(s), tokenizer, router and launcher on free ports (printed at "
+        "start); the gateway's is always at /metrics on its HTTP port",
     )
     add_security_flags(parser)
+    parser.add_argument(
+        "--tokenizer-ready-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="router: how long a request waits for a restarting tokenizer before 503 (router default: 5)",
+    )
+    parser.add_argument(
+        "--router-ready-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="gateway: how long a request waits for a restarting router before 503 (gateway default: 10)",
+    )
+    add_restart_flags(parser)
     return parser
 
 
@@ -311,11 +342,14 @@ def run(args: argparse.Namespace) -> int:
     if not (model / "config.json").is_file():
         raise SystemExit(f"turnout serve: --model {model}: no config.json there")
     try:
+        policy = restart_policy_from_args(args)
         # Children inherit the secrets (never on a command line or in the start log).
         os.environ.update(stack_environment(args))
         stack = build_stack(args, model)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout serve: {exc}") from None
+    registry = CollectorRegistry()
+    supervisor = Supervisor(stack, policy, registry)
     signal.signal(signal.SIGTERM, stack.request_stop)
     signal.signal(signal.SIGINT, stack.request_stop)
     try:
@@ -329,10 +363,12 @@ def run(args: argparse.Namespace) -> int:
             for child in stack.children
             if child.metrics_port is not None
         ]
+        if args.metrics:
+            server = serve_metrics(registry, "127.0.0.1", 0)
+            lines.append(f"  launcher metrics: http://127.0.0.1:{server.server_port}/metrics")
         # One write: whoever waits for the ready line sees the metrics addresses with it.
         print("\n".join(lines), flush=True)
-        stack.wait()
-        return 0 if stack.stopping else 1
+        return 0 if supervisor.run() else 1
     finally:
         stack.stop()
         log.info("stopped")

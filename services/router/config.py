@@ -59,6 +59,9 @@ class RouterConfig:
     circuit_breaker_failures: int = 5
     circuit_breaker_cooldown_s: float = 10.0
 
+    # A request waits this long for a tokenizer that is down (restarting) to come back, then fails UNAVAILABLE.
+    tokenizer_ready_timeout_s: float = 5.0
+
     # Admission: Generate streams open at once, how many may wait for a slot, and for how long.
     max_concurrent_requests: int = 1024
     max_queued_requests: int = 1024
@@ -108,6 +111,7 @@ class RouterConfig:
             "--load-poll-interval": self.load_poll_interval_s,
             "--retry-backoff": self.retry_backoff_s,
             "--circuit-breaker-cooldown": self.circuit_breaker_cooldown_s,
+            "--tokenizer-ready-timeout": self.tokenizer_ready_timeout_s,
         }
         for flag, seconds in non_negative.items():
             if not (math.isfinite(seconds) and seconds >= 0):

@@ -8,7 +8,9 @@ is known, it is healthy and its circuit breaker lets requests through.
 Load is the router's own count of streams in flight on each engine, held for
 the whole life of every stream (`EngineClient.track`), plus whatever the
 engine reported in its last `GetLoad` beyond what this router had sent it
-(other routers' requests, clients calling the engine directly).
+(other routers' requests, clients calling the engine directly). A report is
+dropped as soon as a poll fails or the engine is marked unhealthy: a dead
+engine's last load is never routed on nor shown.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from services.router.config import RouterConfig
 from services.router.health_checker import Health, HealthState
 from services.router.policies import Policy, make_policy
 from turnout.errors import NotFound, Unavailable
-from turnout.grpc_server import CHANNEL_OPTIONS, client_channel
+from turnout.grpc_server import client_channel
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -35,21 +37,12 @@ log = logging.getLogger(__name__)
 # Channels of removed engines being closed once their last stream ended (held so the tasks are not collected).
 _closing: set[asyncio.Task[None]] = set()
 
-# A restarted engine must be reconnected within seconds, not after gRPC's default
-# exponential backoff (up to two minutes) has run its course.
-ENGINE_CHANNEL_OPTIONS = [
-    *CHANNEL_OPTIONS,
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
-
 
 class EngineClient:
     def __init__(self, address: str, target: str, config: RouterConfig) -> None:
         self.address = address
         self.target = target
-        self.channel = client_channel(address, config.security.client, ENGINE_CHANNEL_OPTIONS)
+        self.channel = client_channel(address, config.security.client)
         self.stub = engine_pb2_grpc.EngineStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.model: common_pb2.ModelInfo | None = None
@@ -81,6 +74,12 @@ class EngineClient:
         """Take a GetLoad reply; `in_flight` is this router's count when the poll was sent."""
         self.reported = load
         self._external = max(0, load.running_requests + load.waiting_requests - in_flight)
+
+    def forget_load(self) -> None:
+        """Drop the last GetLoad reply: the engine is unreachable, so it says nothing of the engine now
+        (a restarted one starts empty). The router's own in-flight count stays: it is exact."""
+        self.reported = engine_pb2.Load()
+        self._external = 0
 
     @contextlib.contextmanager
     def track(self) -> Iterator[None]:

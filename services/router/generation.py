@@ -61,7 +61,7 @@ async def generate(
     request_id = request.request_id or uuid.uuid4().hex
     set_request_id(request_id)
     model = engines.model_info(request.model)
-    tokenizer = tokenizers.pick()
+    tokenizer = await tokenizers.pick()
     # Checked before any tokenizer or engine work: a bad tool request costs nothing.
     params = constrain_for_tools(request, request.sampling_params)
     prompt = await encode_prompt(request, tokenizer)

@@ -85,6 +85,11 @@ class HealthChecker(BackgroundLoop):
             if status is Health.HEALTHY:
                 # Back from a restart or an outage: give it traffic again right away.
                 engine.breaker.reset()
+            else:
+                # Down, maybe for a restart that empties its queue and its cache: what the router
+                # knew of its load and of the prefixes it holds is stale.
+                engine.forget_load()
+                self._pool.policy.forget(engine.address)
 
     async def _probe(self, engine: EngineClient) -> bool:
         try:

@@ -2,14 +2,14 @@
 
 The reported load (running, waiting, KV usage) is what the engine sees from
 every client, this router included; `EngineClient.load` combines it with the
-router's own in-flight count, which is exact and instant. A failed poll keeps
-the last report: health is the health checker's business.
+router's own in-flight count, which is exact and instant. A failed poll drops
+the last report (the engine may be dead, or restarted empty); marking it
+unhealthy is the health checker's business.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING
 
 import grpc
@@ -40,5 +40,9 @@ class LoadPoller(BackgroundLoop):
 
     async def poll(self, engine: EngineClient) -> None:
         in_flight = engine.in_flight
-        with contextlib.suppress(grpc.RpcError):
-            engine.report_load(await engine.stub.GetLoad(engine_pb2.GetLoadRequest(), timeout=self._timeout), in_flight)
+        try:
+            load = await engine.stub.GetLoad(engine_pb2.GetLoadRequest(), timeout=self._timeout)
+        except grpc.RpcError:
+            engine.forget_load()
+            return
+        engine.report_load(load, in_flight)

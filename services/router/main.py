@@ -110,6 +110,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--circuit-breaker-cooldown", type=float, default=d["circuit_breaker_cooldown_s"], metavar="SECONDS"
     )
     faults.add_argument(
+        "--tokenizer-ready-timeout",
+        type=float,
+        default=d["tokenizer_ready_timeout_s"],
+        metavar="SECONDS",
+        help="how long a request waits for a tokenizer that is down (restarting) before UNAVAILABLE; 0: no "
+        "wait (default: %(default)s)",
+    )
+    faults.add_argument(
         "--max-concurrent-requests",
         type=int,
         default=d["max_concurrent_requests"],
@@ -156,6 +164,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         retry_backoff_s=args.retry_backoff,
         circuit_breaker_failures=args.circuit_breaker_failures,
         circuit_breaker_cooldown_s=args.circuit_breaker_cooldown,
+        tokenizer_ready_timeout_s=args.tokenizer_ready_timeout,
         max_concurrent_requests=args.max_concurrent_requests,
         max_queued_requests=args.max_queued_requests,
         queue_timeout_s=args.queue_timeout,

@@ -30,7 +30,7 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, resolver: Resolver = resolve_dns) -> None:
         self.config = config
         self.engines = EnginePool(config)
-        self.tokenizers = TokenizerPool(config.tokenizers, config.security.client)
+        self.tokenizers = TokenizerPool(config.tokenizers, config.security.client, config.tokenizer_ready_timeout_s)
         self.discovery = EngineDiscovery(self.engines, config.dns_refresh_interval_s, resolver)
         self.health = HealthChecker(self.engines, config.health_check_interval_s, config.health_check_timeout_s)
         self.load = LoadPoller(self.engines, config.load_poll_interval_s, config.health_check_timeout_s)

@@ -39,7 +39,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise InvalidArgument("a tokenize request needs `text` or `chat`")
         if request.HasField("add_special_tokens"):
             encode.add_special_tokens = request.add_special_tokens
-        tokenizer = self._tokenizers.pick()
+        tokenizer = await self._tokenizers.pick()
         reply = await tokenizer.Encode(encode)
         response = inference_pb2.TokenizeResponse(
             input_ids=reply.input_ids, prompt_text=reply.prompt_text, max_model_len=model.max_context_length
@@ -56,7 +56,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         decode = tokenizer_pb2.DecodeRequest(token_ids=request.token_ids)
         if request.HasField("skip_special_tokens"):
             decode.skip_special_tokens = request.skip_special_tokens
-        reply = await self._tokenizers.pick().Decode(decode)
+        reply = await (await self._tokenizers.pick()).Decode(decode)
         return inference_pb2.DetokenizeTextResponse(text=reply.text)
 
     async def ListModels(
