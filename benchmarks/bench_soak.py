@@ -353,6 +353,7 @@ async def soak(url: str, model: str, args: argparse.Namespace, rss_now: Callable
     deadline = time.monotonic() + args.time_limit
     next_call = iter(calls)
     halfway = args.requests // 2
+    reported = [0]  # the last progress line's count (workers finish out of step: multiples get skipped)
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=args.request_timeout) as client:
@@ -364,7 +365,8 @@ async def soak(url: str, model: str, args: argparse.Namespace, rss_now: Callable
                 await send(client, call, tally, args.request_timeout)
                 if tally.done >= halfway and "middle" not in rss:
                     rss["middle"] = rss_now()
-                if args.progress and tally.done % args.progress == 0:
+                if args.progress and tally.done >= reported[0] + args.progress:
+                    reported[0] = tally.done - tally.done % args.progress
                     print(f"{tally.done} done, {dict(tally.outcomes)}", file=sys.stderr, flush=True)
 
         start = time.perf_counter()
