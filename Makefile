@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda bench-soak
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -60,6 +60,12 @@ bench-grammar: model
 # Needs a GPU and no model download (random weights); ARGS=--smoke checks it on CPU in seconds.
 bench-cuda: install
 	$(PY) -m benchmarks.bench_cuda $(ARGS)
+
+# Soak: 10,000 mixed requests (completions, chat, streams, n>1, logprobs, stop strings, JSON schemas,
+# clients hanging up, invalid ones) through `turnout serve`; outcomes and every service's RSS; fails on
+# any 5xx or transport error (docs/benchmarks.md). ARGS="--model PATH --smoke" checks it in seconds.
+bench-soak: model
+	$(PY) -m benchmarks.bench_soak $(ARGS)
 
 bench: bench-engine bench-router
 

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import signal
 
 from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig

@@ -157,6 +157,8 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     flags: list[str] = []
     for name in (
         "max_model_len",
+        "kv_cache_memory",
+        "num_kv_blocks",
         "grammar_max_whitespace",
         "think_start_token",
         "think_end_token",
@@ -238,6 +240,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="engine: the sampler's draw, auto (triton on CUDA, torch on CPU), torch or triton",
     )
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="engine: KV pool size in GiB per engine (engine default: on CPU 4, at most a tenth of total RAM)",
+    )
+    parser.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="engine: KV pool size in blocks (overrides memory)"
+    )
     parser.add_argument("--chat-template", default=None)
     parser.add_argument(
         "--grammar-max-whitespace",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,22 @@ LOGPROBS_MODES = ("processed", "raw")
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SAMPLING_BACKENDS = ("auto", "torch", "triton")
+# vLLM's name for the CPU KV pool in GiB, honoured as an alias of --kv-cache-memory (0: unset, as in vLLM).
+KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def kv_cache_memory_from_env(flag_value: float | None, environ: Mapping[str, str]) -> float | None:
+    """--kv-cache-memory when given, else VLLM_CPU_KVCACHE_SPACE. The engine's only read of the environment."""
+    if flag_value is not None:
+        return flag_value
+    raw = environ.get(KV_CACHE_SPACE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        gib = float(raw)
+    except ValueError:
+        raise ValueError(f"{KV_CACHE_SPACE_ENV} must be a number of GiB, got {raw!r}") from None
+    return gib if gib != 0 else None
 
 
 @dataclass(frozen=True)
@@ -36,9 +53,9 @@ class EngineConfig:
     max_model_len: int | None = None
     # Requests allowed to wait for their turn before new ones are refused (RESOURCE_EXHAUSTED).
     max_waiting_requests: int = 1024
-    # KV cache: tokens per block, and its size as a block count or a memory budget (GiB).
-    # Neither given: on CUDA what a profiling pass leaves of gpu_memory_utilization of the device,
-    # on CPU a share of free RAM (see kv_cache_sizing).
+    # KV cache: tokens per block, and its size as a block count or a memory budget (GiB; also read
+    # from VLLM_CPU_KVCACHE_SPACE). Neither given: on CUDA what a profiling pass leaves of
+    # gpu_memory_utilization of the device, on CPU 4 GiB at most a tenth of total RAM (see kv_cache_sizing).
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_gib: float | None = None

@@ -1,7 +1,11 @@
 """How many KV blocks the pool gets.
 
-In order: `--num-kv-blocks`; else `--kv-cache-memory` GiB; else what the device has room for:
-- CPU: a fifth of the RAM available now, at most 4 GiB;
+In order: `--num-kv-blocks`; else `--kv-cache-memory` GiB (or vLLM's `VLLM_CPU_KVCACHE_SPACE`, read
+by config.py); else a default for the device:
+- CPU: 4 GiB (vLLM's default), at most a tenth of the machine's *total* RAM. Not a share of what is
+  free at start-up: that made the pool depend on whatever else ran at that second (engines started
+  minutes apart got 960 to 70,000 tokens). Whatever the source, the pool must then fit in the RAM
+  available now (MemAvailable), or the engine refuses to start and says so;
 - CUDA: a profiling pass (memory_profile.py) measures what this engine holds besides the pool at
   the worst moment of a step, and the pool gets the rest of its share, `--gpu-memory-utilization`
   of the device's total memory (vLLM's meaning: two engines on one GPU take 0.45 each):
@@ -14,6 +18,12 @@ In order: `--num-kv-blocks`; else `--kv-cache-memory` GiB; else what the device 
 
   and never more than is free: memory other processes hold is not this engine's to take.
 Never more than the running cap times the context can use.
+
+The pool must hold one sequence of `max_model_len` tokens, or a request with the default max_tokens
+could never run (the stack would look ready and answer every such request 400). When it cannot:
+`--max-model-len` given explicitly -> the engine refuses to start, naming the knobs; not given (the
+model's own context) -> max_model_len is capped to what the pool holds, with a warning (as vLLM's
+auto-fit does). The pool in tokens and the concurrency at full length are logged at start-up.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.config import EngineConfig
@@ -30,13 +42,64 @@ from services.engine.model_loader import LoadedModel
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
-CPU_SHARE = 0.2
-CPU_CAP_BYTES = 4 * GIB
+CPU_DEFAULT_BYTES = 4 * GIB
+CPU_TOTAL_SHARE = 0.1
+KNOBS = "--kv-cache-memory, --num-kv-blocks or --max-model-len"
 
 
-def cpu_budget_bytes() -> int:
-    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(min(pages * CPU_SHARE, CPU_CAP_BYTES))
+@dataclass(frozen=True)
+class KVPoolSize:
+    """The pool's managed blocks and the max_model_len the engine serves with them."""
+
+    blocks: int
+    max_model_len: int
+
+
+def cpu_default_bytes(total_ram_bytes: int) -> int:
+    """The CPU pool when no size is given: fixed, at most a share of the machine, never of what is free now."""
+    return min(CPU_DEFAULT_BYTES, int(total_ram_bytes * CPU_TOTAL_SHARE))
+
+
+def total_ram_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable: what can be allocated without swapping, page cache included (MemFree is not)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_ram_available(pool_bytes: int, available_bytes: int) -> None:
+    """ValueError when the CPU pool (managed blocks + the extra ones) does not fit in available RAM."""
+    if pool_bytes > available_bytes:
+        raise ValueError(
+            f"the KV cache needs {_gib(pool_bytes)} of RAM but only {_gib(available_bytes)} is available "
+            f"(MemAvailable): lower --kv-cache-memory (or --num-kv-blocks), or free memory"
+        )
+
+
+def fit_max_model_len(blocks: int, block_size: int, max_model_len: int, explicit: bool) -> int:
+    """The max_model_len to serve with a pool of `blocks`: unchanged when one sequence of it fits;
+    else ValueError when it was asked for explicitly, or capped to the pool with a warning."""
+    tokens = blocks * block_size
+    if tokens >= max_model_len:
+        return max_model_len
+    if explicit:
+        raise ValueError(
+            f"the KV cache holds {tokens} tokens ({blocks} blocks of {block_size}), less than one sequence of "
+            f"--max-model-len {max_model_len}: raise --kv-cache-memory or --num-kv-blocks, or lower --max-model-len"
+        )
+    log.warning(
+        "max_model_len capped to what the KV cache holds",
+        extra={"max_model_len": tokens, "model_context": max_model_len, "raise_with": KNOBS},
+    )
+    return tokens
 
 
 def profiled_budget_bytes(profile: MemoryProfile, utilization: float, bytes_per_block: int) -> int:
@@ -61,6 +124,22 @@ def profiled_budget_bytes(profile: MemoryProfile, utilization: float, bytes_per_
     return budget
 
 
+def size_kv_pool(
+    config: EngineConfig,
+    loaded: LoadedModel,
+    make_backend: Callable[[int], AttentionBackend],
+    available_bytes: Callable[[], int] = available_ram_bytes,
+) -> KVPoolSize:
+    """make_backend(num_blocks) builds the engine's backend over a new cache (the CUDA profile's probe);
+    available_bytes() is the RAM a CPU pool must fit in."""
+    blocks = num_kv_blocks(config, loaded, make_backend)
+    if loaded.device.type == "cpu":
+        pool_bytes = (blocks + KVCache.NUM_EXTRA_BLOCKS) * loaded.kv_bytes_per_block(config.block_size)
+        check_ram_available(pool_bytes, available_bytes())
+    explicit = config.max_model_len is not None
+    return KVPoolSize(blocks, fit_max_model_len(blocks, config.block_size, loaded.max_model_len, explicit))
+
+
 def num_kv_blocks(config: EngineConfig, loaded: LoadedModel, make_backend: Callable[[int], AttentionBackend]) -> int:
     """make_backend(num_blocks) builds the engine's backend over a new cache (the CUDA profile's probe)."""
     useful = -(-config.max_running_requests * loaded.max_model_len // config.block_size)
@@ -83,10 +162,12 @@ def num_kv_blocks(config: EngineConfig, loaded: LoadedModel, make_backend: Calla
         )
         budget = profiled_budget_bytes(profile, config.gpu_memory_utilization, per_block)
     else:
-        budget = cpu_budget_bytes()
+        budget = cpu_default_bytes(total_ram_bytes())
     blocks = min(budget // per_block, useful)
     if blocks < 1:
-        raise ValueError(f"the KV cache budget of {budget} bytes holds no block of {per_block} bytes")
+        raise ValueError(
+            f"the KV cache budget of {budget} bytes holds no block of {per_block} bytes: raise --kv-cache-memory"
+        )
     return int(blocks)
 
 

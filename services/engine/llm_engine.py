@@ -36,7 +36,7 @@ from services.engine.config import EngineConfig
 from services.engine.cuda_graphs import build_decode_graphs
 from services.engine.grammar.compiler import GrammarCompiler
 from services.engine.grammar.state import GrammarState
-from services.engine.kv_cache_sizing import num_kv_blocks
+from services.engine.kv_cache_sizing import GIB, size_kv_pool
 from services.engine.logprobs import LogprobQuery, prompt_logprobs
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, ModelRunner, StepLogits
@@ -66,7 +66,10 @@ class LLMEngine:
         self.loaded = loaded or load_model(config)
         # Whether sampling draws unseeded batches in the fused kernel (--sampling-backend).
         self.fused_draw = fused_draw_for(config.sampling_backend, self.loaded.device)
-        blocks = num_kv_blocks(config, self.loaded, self._make_backend)
+        pool = size_kv_pool(config, self.loaded, self._make_backend)
+        if pool.max_model_len != self.loaded.max_model_len:
+            self.loaded = self.loaded.with_max_model_len(pool.max_model_len)
+        blocks = pool.blocks
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -81,6 +84,10 @@ class LLMEngine:
                 "blocks": blocks,
                 "block_size": config.block_size,
                 "tokens": blocks * config.block_size,
+                "gib": round(blocks * self.loaded.kv_bytes_per_block(config.block_size) / GIB, 3),
+                "max_model_len": pool.max_model_len,
+                # Sequences of max_model_len tokens the pool holds at once (vLLM's "maximum concurrency").
+                "max_concurrency_at_full_length": round(blocks * config.block_size / pool.max_model_len, 2),
                 "attention": type(backend).__name__,
             },
         )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
-from services.engine.config import EngineConfig
+from services.engine.config import KV_CACHE_SPACE_ENV, EngineConfig, kv_cache_memory_from_env
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -35,7 +36,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     kv = parser.add_argument_group("KV cache")
     kv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
-    kv.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV pool size in GiB")
+    kv.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help=f"KV pool size in GiB (or {KV_CACHE_SPACE_ENV}; default: on CPU 4, at most a tenth of total RAM; "
+        "on CUDA what --gpu-memory-utilization leaves)",
+    )
     kv.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -132,7 +140,7 @@ def run(args: argparse.Namespace) -> None:
             max_waiting_requests=args.max_waiting_requests,
             block_size=args.block_size,
             num_kv_blocks=args.num_kv_blocks,
-            kv_cache_memory_gib=args.kv_cache_memory,
+            kv_cache_memory_gib=kv_cache_memory_from_env(args.kv_cache_memory, os.environ),
             gpu_memory_utilization=args.gpu_memory_utilization,
             enable_prefix_caching=not args.no_prefix_caching,
             max_num_batched_tokens=args.max_num_batched_tokens,

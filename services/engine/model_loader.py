@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -43,6 +43,13 @@ class LoadedModel:
     # CUDA: device memory in use before this engine loaded its weights (other processes, the CUDA
     # context), so --gpu-memory-utilization can be this engine's share; None on CPU.
     device_bytes_in_use_before: int | None = None
+
+    def with_max_model_len(self, max_model_len: int) -> LoadedModel:
+        """The same model served with a shorter context (when the KV pool holds less than the model's)."""
+        info = common_pb2.ModelInfo()
+        info.CopyFrom(self.info)
+        info.max_context_length = max_model_len
+        return replace(self, info=info)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return KVCache.bytes_per_block(self.num_layers, block_size, self.num_kv_heads, self.head_dim, self.dtype)

@@ -1,4 +1,5 @@
-"""KV pool sizing: the order of the rules, the CUDA arithmetic on measured numbers, the probes.
+"""KV pool sizing: the order of the rules, the CPU default and RAM check, max_model_len against the
+pool, the CUDA arithmetic on measured numbers, the probes.
 
 The arithmetic and the rule order run on CPU with made-up measurements; the probe forward runs on
 CPU too; the measurement itself needs a CUDA device.
@@ -7,6 +8,7 @@ CPU too; the measurement itself needs a CUDA device.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,8 +18,17 @@ import torch
 from services.engine import kv_cache_sizing
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
-from services.engine.config import EngineConfig
-from services.engine.kv_cache_sizing import GIB, cpu_budget_bytes, num_kv_blocks, profiled_budget_bytes
+from services.engine.config import EngineConfig, kv_cache_memory_from_env
+from services.engine.kv_cache_sizing import (
+    GIB,
+    check_ram_available,
+    cpu_default_bytes,
+    fit_max_model_len,
+    num_kv_blocks,
+    profiled_budget_bytes,
+    size_kv_pool,
+    total_ram_bytes,
+)
 from services.engine.llm_engine import LLMEngine
 from services.engine.memory_profile import (
     SAMPLER_BYTES_PER_LOGIT,
@@ -88,7 +99,98 @@ def test_explicit_sizes_come_first_and_the_useful_cap_last(tiny_model_dir: Path,
     config = EngineConfig(model=tiny_model_dir, kv_cache_memory_gib=64.0)
     assert num_kv_blocks(config, loaded, no_backend) == useful
     config = EngineConfig(model=tiny_model_dir, max_running_requests=1)
-    assert num_kv_blocks(config, loaded, no_backend) == min(cpu_budget_bytes() // per_block, 4096 // 16)
+    assert num_kv_blocks(config, loaded, no_backend) == min(
+        cpu_default_bytes(total_ram_bytes()) // per_block, 4096 // 16
+    )
+
+
+# -- CPU: a default that does not depend on the moment, checked against what is available -------
+
+
+def test_cpu_default_is_fixed_and_capped_by_a_tenth_of_total_ram() -> None:
+    assert cpu_default_bytes(64 * GIB) == 4 * GIB  # vLLM's 4 GiB on a large machine
+    assert cpu_default_bytes(8 * GIB) == int(0.8 * GIB)  # a tenth of a small one
+    assert cpu_default_bytes(23 * GIB) == cpu_default_bytes(23 * GIB)  # nothing else goes in
+
+
+def test_cpu_default_ignores_what_is_free_at_start(
+    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, loaded: LoadedModel
+) -> None:
+    monkeypatch.setattr(kv_cache_sizing, "total_ram_bytes", lambda: 10 * GIB)
+    per_block = loaded.kv_bytes_per_block(16)
+    # Running cap high enough that the useful cap (8 GiB of this model's blocks) stays out of the way.
+    config = EngineConfig(model=tiny_model_dir, max_running_requests=4096)
+    busy = size_kv_pool(config, loaded, no_backend, available_bytes=lambda: 2 * GIB)
+    idle = size_kv_pool(config, loaded, no_backend, available_bytes=lambda: 9 * GIB)
+    assert busy == idle
+    assert busy.blocks == GIB // per_block < 4096 * loaded.max_model_len // 16
+
+
+def test_cpu_pool_must_fit_in_available_ram() -> None:
+    check_ram_available(GIB, GIB)
+    with pytest.raises(ValueError, match=r"needs 2\.00 GiB of RAM but only 1\.50 GiB is available \(MemAvailable\)"):
+        check_ram_available(2 * GIB, int(1.5 * GIB))
+    with pytest.raises(ValueError, match="lower --kv-cache-memory"):
+        check_ram_available(2 * GIB, GIB)
+
+
+def test_engine_refuses_a_pool_that_ram_cannot_hold(tiny_model_dir: Path, loaded: LoadedModel) -> None:
+    per_block = loaded.kv_bytes_per_block(16)
+    config = EngineConfig(model=tiny_model_dir, num_kv_blocks=100)
+    # The pool is its managed blocks and the zero and scratch blocks.
+    assert size_kv_pool(config, loaded, no_backend, available_bytes=lambda: 102 * per_block).blocks == 100
+    with pytest.raises(ValueError, match="MemAvailable"):
+        size_kv_pool(config, loaded, no_backend, available_bytes=lambda: 102 * per_block - 1)
+
+
+def test_vllm_env_var_is_an_alias_of_the_flag() -> None:
+    env = {"VLLM_CPU_KVCACHE_SPACE": "8"}
+    assert kv_cache_memory_from_env(None, env) == 8.0
+    assert kv_cache_memory_from_env(2.5, env) == 2.5  # the flag wins
+    assert kv_cache_memory_from_env(None, {}) is None
+    assert kv_cache_memory_from_env(None, {"VLLM_CPU_KVCACHE_SPACE": "0"}) is None  # vLLM's "unset"
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE must be a number of GiB, got 'lots'"):
+        kv_cache_memory_from_env(None, {"VLLM_CPU_KVCACHE_SPACE": "lots"})
+
+
+# -- max_model_len against the pool -------------------------------------------------------------
+
+
+def test_max_model_len_that_fits_is_kept() -> None:
+    assert fit_max_model_len(blocks=64, block_size=16, max_model_len=1024, explicit=True) == 1024
+    assert fit_max_model_len(blocks=64, block_size=16, max_model_len=1024, explicit=False) == 1024
+
+
+def test_explicit_max_model_len_the_pool_cannot_hold_refuses_and_names_the_knobs() -> None:
+    with pytest.raises(ValueError) as refused:
+        fit_max_model_len(blocks=63, block_size=16, max_model_len=1024, explicit=True)
+    message = str(refused.value)
+    assert "holds 1008 tokens" in message and "--max-model-len 1024" in message
+    assert all(knob in message for knob in ("--kv-cache-memory", "--num-kv-blocks", "--max-model-len"))
+
+
+def test_model_context_the_pool_cannot_hold_is_capped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger=kv_cache_sizing.__name__):
+        assert fit_max_model_len(blocks=63, block_size=16, max_model_len=1024, explicit=False) == 1008
+    assert "max_model_len capped" in caplog.text
+
+
+def test_engine_starts_with_max_model_len_capped_to_its_pool(
+    tiny_model_dir: Path, loaded: LoadedModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert loaded.max_model_len == 4096
+    with caplog.at_level(logging.INFO):
+        engine = LLMEngine(EngineConfig(model=tiny_model_dir, num_kv_blocks=16), loaded)
+    assert engine.loaded.max_model_len == 256 and loaded.max_model_len == 4096
+    assert engine.limits(prompt_len=10).max_model_len == 256
+    ready = next(r for r in caplog.records if r.getMessage() == "kv cache ready")
+    assert (ready.tokens, ready.max_model_len, ready.max_concurrency_at_full_length) == (256, 256, 1.0)  # type: ignore[attr-defined]
+    # As load_model leaves it when --max-model-len 512 is given.
+    loaded_512 = loaded.with_max_model_len(512)
+    with pytest.raises(ValueError, match="less than one sequence of --max-model-len 512"):
+        LLMEngine(EngineConfig(model=tiny_model_dir, num_kv_blocks=16, max_model_len=512), loaded_512)
+    fits = LLMEngine(EngineConfig(model=tiny_model_dir, num_kv_blocks=32, max_model_len=512), loaded_512)
+    assert fits.loaded.max_model_len == 512
 
 
 def test_cuda_sizes_the_pool_from_the_profile(
