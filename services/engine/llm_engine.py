@@ -121,12 +121,11 @@ class LLMEngine:
 
     def limits(self, prompt_len: int) -> Limits:
         """What validation allows a request with this prompt length on this engine."""
-        return Limits(
+        return Limits.of_engine(
+            self.config,
             prompt_len=prompt_len,
             max_model_len=self.loaded.max_model_len,
             vocab_size=self.loaded.vocab_size,
-            max_logprobs=self.config.max_logprobs,
-            grammar_max_whitespace=self.config.grammar_max_whitespace,
             processors=self.processors,
         )
 
