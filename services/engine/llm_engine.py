@@ -96,7 +96,7 @@ class LLMEngine:
         self._groups: dict[str, SequenceGroup] = {}
         # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
         self.vocab = ModelVocab(config.model, self.loaded.vocab_size, self.loaded.eos_token_ids)
-        self.grammars = GrammarCompiler(self.vocab)
+        self.grammars = GrammarCompiler(self.vocab, timeout_s=config.grammar_compile_timeout)
         self.processors = ProcessorCatalog(
             self.vocab,
             allow_serialized=config.enable_custom_logit_processor,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.engine.config import EngineConfig
@@ -45,7 +45,7 @@ class Limits:
     max_n: int = EngineConfig.max_n
     max_stop_sequences: int = EngineConfig.max_stop_sequences
     max_stop_sequence_length: int = EngineConfig.max_stop_sequence_length
-    grammar: ConstraintLimits = ConstraintLimits()
+    grammar: ConstraintLimits = field(default_factory=ConstraintLimits)
 
     @classmethod
     def of_engine(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +14,11 @@ import pytest
 from services.engine.config import EngineConfig
 from services.engine.engine_loop import EngineLoop
 from services.engine.grammar.compiler import GrammarCompiler
-from services.engine.grammar.constraint import Constraint
 from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.request import EngineRequest
 from services.engine.sampling_validation import resolve
+from tests.engine.grammar_builds import HOLD_ENV, held_build
 from tests.engine.test_engine_loop import collect
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2
@@ -47,32 +46,36 @@ def engine(core: LLMEngine) -> Iterator[EngineLoop]:
     assert core.block_manager.usage == 0.0
 
 
+async def wait_for_file(path: Path, timeout_s: float = 120) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if path.exists():
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(path)
+
+
 def request(core: LLMEngine, rid: str, **params: Any) -> EngineRequest:
     sampling = resolve(common_pb2.SamplingParams(**params), common_pb2.SamplingParams(), core.limits(len(PROMPT)))
     return EngineRequest(rid, PROMPT, sampling)
 
 
-async def test_a_held_compilation_does_not_stall_other_requests(core: LLMEngine, engine: EngineLoop) -> None:
-    release = threading.Event()
-    started = threading.Event()
-
-    def held(constraint: Constraint) -> Any:
-        started.set()
-        release.wait(timeout=60)
-        return core.grammars.build_with_xgrammar(constraint)
-
-    core.grammars = GrammarCompiler(core.vocab, build=held)
+async def test_a_held_compilation_does_not_stall_other_requests(
+    core: LLMEngine, engine: EngineLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    monkeypatch.setenv(HOLD_ENV, str(release))  # read by the compile workers, started below
+    core.grammars = GrammarCompiler(core.vocab, build=held_build)
     slow = asyncio.create_task(
         collect(engine.generate(request(core, "slow", json_schema=json.dumps(SCHEMA), max_new_tokens=64)))
     )
-    await asyncio.to_thread(started.wait, 30)
+    await wait_for_file(tmp_path / "release.started")
     # While the grammar is held, another request runs from start to finish.
     tokens, last = await asyncio.wait_for(
         collect(engine.generate(request(core, "free", temperature=0.0, max_new_tokens=20, ignore_eos=True))), 60
     )
     assert len(tokens) == 20 and last.finish is not None and last.finish.kind == "length"
-    assert not slow.done() and not release.is_set()
-    release.set()
+    assert not slow.done()
+    release.touch()
     tokens, last = await asyncio.wait_for(slow, 60)
     assert last.finish is not None and last.finish.kind == "stop" and last.finish.matched_token_id is None
     text = core.vocab.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from services.engine.config import EngineConfig
 from services.engine.grammar.constraint import Constraint
 from turnout.errors import InvalidArgument
 
@@ -38,8 +39,8 @@ _JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 @dataclass(frozen=True)
 class ConstraintLimits:
-    max_bytes: int = 1 << 20
-    max_depth: int = 64
+    max_bytes: int = EngineConfig.max_grammar_bytes
+    max_depth: int = EngineConfig.max_grammar_depth
 
 
 def check_constraint(constraint: Constraint, limits: ConstraintLimits) -> None:
