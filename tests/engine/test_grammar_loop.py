@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +128,41 @@ async def test_grpc_request_with_a_constraint_and_a_processor(
     complete = output_to_proto(last).complete
     assert complete.finish_reason.WhichOneof("kind") == "stop"
     assert complete.finish_reason.stop.WhichOneof("matched") is None  # the grammar ended it
+
+
+async def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 300) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(what)
+
+
+async def test_a_cancelled_call_aborts_every_sample_and_frees_its_blocks(core: LLMEngine, engine: EngineLoop) -> None:
+    """What a cancelled gRPC Generate does (its handler task is cancelled): every sample of the group ends."""
+    seen: set[int] = set()
+
+    async def consume() -> None:
+        async for out in engine.generate(request(core, "many", n=8, max_new_tokens=3000, ignore_eos=True)):
+            seen.add(out.index)
+
+    task = asyncio.create_task(consume())
+    await wait_for(lambda: len(seen) == 8, "all 8 samples to run")
+    assert core.block_manager.usage > 0
+    task.cancel()
+    await wait_for(lambda: engine.load().running == 0, "the samples to be aborted", timeout_s=30)
+    await wait_for(lambda: core.block_manager.usage == 0.0, "the blocks to be freed", timeout_s=30)
+    assert not core.has_work()
+
+
+async def test_a_cancelled_call_waiting_for_its_grammar_stops_the_compile(
+    core: LLMEngine, engine: EngineLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(HOLD_ENV, str(tmp_path / "never"))  # the compile would wait forever
+    core.grammars = GrammarCompiler(core.vocab, build=held_build, workers=1)
+    task = asyncio.create_task(collect(engine.generate(request(core, "gone", regex="[0-9]{2}", max_new_tokens=4))))
+    await wait_for_file(tmp_path / "never.started")
+    task.cancel()
+    await wait_for(lambda: core.grammars.num_replaced == 1, "the compile's worker to be killed")
+    assert not core.has_work()
+    core.grammars.shutdown()

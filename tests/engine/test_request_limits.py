@@ -162,3 +162,14 @@ def test_every_limit_is_a_positive_flag_of_the_engine_and_of_turnout_serve(tmp_p
         EngineConfig(model=model, max_n=0)
     with pytest.raises(ValueError, match="--grammar-compile-timeout must be positive"):
         EngineConfig(model=model, grammar_compile_timeout=float("nan"))
+
+
+def test_every_limit_is_in_the_docs_table_with_its_default() -> None:
+    from tests.e2e.stack import ROOT
+
+    rows = [line for line in (ROOT / "docs" / "api.md").read_text().splitlines() if line.startswith("| ")]
+    for limit in request_limit_fields():
+        row = next((r for r in rows if f"`{limit_flag(limit)}`" in r), None)
+        assert row is not None, f"{limit_flag(limit)} is missing from docs/api.md's limits table"
+        default = limit.default if isinstance(limit.default, int) else f"{limit.default:g}"
+        assert f"| {default} " in row, f"{row!r} does not give the default {limit.default}"

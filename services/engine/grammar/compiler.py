@@ -165,7 +165,11 @@ class GrammarCompiler:
                 if not job.future.set_running_or_notify_cancel():
                     continue
                 job.worker = worker
-            outcome = self._run(job, worker)
+            try:
+                outcome = self._run(job, worker)
+            except Exception as exc:  # a bug here must not leave this slot's later jobs waiting forever
+                log.exception("grammar compile failed")
+                outcome = _Uncached(f"{job.constraint.kind}: the grammar compiler failed: {type(exc).__name__}")
             with self._lock:
                 job.worker = None
                 if isinstance(outcome, BaseException) and type(outcome) is not InvalidArgument:
