@@ -19,7 +19,7 @@ from turnout.v1 import common_pb2
 LIMITS = Limits(prompt_len=10, max_model_len=100, vocab_size=50)
 
 
-def resolve_params(limits: Limits = LIMITS, **params: object) -> object:
+def resolve_params(limits: Limits = LIMITS, /, **params: object) -> object:
     return resolve(common_pb2.SamplingParams(**params), common_pb2.SamplingParams(), limits)  # type: ignore[arg-type]
 
 
