@@ -25,7 +25,7 @@ def http(tiny_stack: Stack) -> httpx.Client:
 
 def refused(http: httpx.Client, body: dict[str, Any], message: str, path: str = "/v1/completions") -> None:
     started = time.monotonic()
-    reply = http.post(path, json={"model": "tiny", "prompt": "hi", "max_tokens": 2, **body})
+    reply = http.post(path, json={"prompt": "hi", "max_tokens": 2, **body})
     assert reply.status_code == 400, reply.text
     assert message in reply.json()["error"]["message"], reply.text
     assert time.monotonic() - started < 30
@@ -70,7 +70,7 @@ def test_a_chat_schema_over_the_depth_limit(http: httpx.Client) -> None:
 def test_a_recursive_schema_through_a_real_schema_is_served(http: httpx.Client) -> None:
     kids = {"type": "array", "items": {"$ref": "#/$defs/node"}}
     tree = {"$defs": {"node": {"type": "object", "properties": {"kids": kids}}}, "$ref": "#/$defs/node"}
-    reply = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4, "guided_json": tree})
+    reply = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "guided_json": tree})
     assert reply.status_code == 200, reply.text
 
 
@@ -85,7 +85,7 @@ def test_a_recursive_schema_through_a_real_schema_is_served(http: httpx.Client) 
 )
 def test_the_routers_grpc_refuses_the_same(tiny_stack: Stack, params: dict[str, Any], message: str) -> None:
     request = inference_pb2.GenerateRequest(
-        model="tiny", text="hi", sampling_params=common_pb2.SamplingParams(max_new_tokens=2, **params)
+        text="hi", sampling_params=common_pb2.SamplingParams(max_new_tokens=2, **params)
     )
     with (
         grpc.insecure_channel(f"127.0.0.1:{tiny_stack.router_port}") as channel,
@@ -97,7 +97,7 @@ def test_the_routers_grpc_refuses_the_same(tiny_stack: Stack, params: dict[str, 
 
 
 def test_the_stack_still_serves_and_the_engine_holds_nothing(http: httpx.Client, tiny_stack: Stack) -> None:
-    reply = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "n": 128})
+    reply = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "n": 128})
     assert reply.status_code == 200 and len(reply.json()["choices"]) == 128
     load = tiny_stack.engine_load()
     assert load.running_requests == 0 and load.waiting_requests == 0
