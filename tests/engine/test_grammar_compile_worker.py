@@ -4,7 +4,9 @@ that crashes is replaced; a grammar that matches nothing is refused at compile t
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -100,12 +102,22 @@ def test_a_grammar_that_matches_nothing_is_refused_at_compile(compiler: GrammarC
         compiler.compile(empty)
 
 
-def test_a_crashed_worker_is_replaced(vocab: ModelVocab) -> None:
+def test_a_crashed_worker_is_replaced_and_a_dropped_compiler_stops_its_workers(vocab: ModelVocab) -> None:
     compiler = GrammarCompiler(vocab, timeout_s=30, workers=1, build=crashing_build)
+    with pytest.raises(InvalidArgument, match="regex: the grammar compiler crashed on this constraint"):
+        compiler.compile(Constraint("regex", "crash"))
+    assert compiler.compile(DIGITS) is not None
+    assert compiler.num_replaced == 1
+    pids = [pid for pid in compiler.worker_pids() if pid is not None]
+    assert pids
+    del compiler  # an engine dropped without shutdown(): its slots hold it weakly and stop
+    gc.collect()
+    wait_until(lambda: not any(alive(pid) for pid in pids), "the worker to exit")
+
+
+def alive(pid: int) -> bool:
     try:
-        with pytest.raises(InvalidArgument, match="regex: the grammar compiler crashed on this constraint"):
-            compiler.compile(Constraint("regex", "crash"))
-        assert compiler.compile(DIGITS) is not None
-        assert compiler.num_replaced == 1
-    finally:
-        compiler.shutdown()
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import queue
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -75,6 +76,7 @@ class GrammarCompiler:
         self.num_compiled = 0
         # Workers killed (time limit, or nobody waiting) and replaced.
         self.num_replaced = 0
+        weakref.finalize(self, _stop_slots, self._queue, workers)
 
     @contextlib.contextmanager
     def wanted(self, constraint: Constraint) -> Iterator[Future[Any]]:
@@ -97,8 +99,7 @@ class GrammarCompiler:
             return [worker.process.pid for worker in self._workers]
 
     def shutdown(self) -> None:
-        for _ in self._slots:
-            self._queue.put(None)
+        _stop_slots(self._queue, len(self._slots))
         with self._lock:
             workers = list(self._workers)
         for worker in workers:
@@ -117,7 +118,10 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
             self.num_compiled += 1
             if len(self._slots) < self._num_slots:
-                slot = threading.Thread(target=self._run_slot, name="grammar-compile", daemon=True)
+                # The slot holds the compiler weakly: an engine dropped without shutdown() stops its workers.
+                slot = threading.Thread(
+                    target=_run_slot, args=(weakref.ref(self), self._queue), name="grammar-compile", daemon=True
+                )
                 self._slots.append(slot)
                 slot.start()
         self._queue.put(job)
@@ -143,44 +147,40 @@ class GrammarCompiler:
 
     # -- a worker slot ------------------------------------------------------------
 
-    def _run_slot(self) -> None:
-        # Started before taking a job, so a job never waits for a worker another slot has ready.
-        worker = self._replacement()
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            if job.future.cancelled():
-                continue
-            if worker is None or not worker.alive:
-                try:
-                    worker = self._start_worker()
-                except TurnoutError as exc:
-                    with self._lock:
-                        self._uncache(job)
-                    if job.future.set_running_or_notify_cancel():
-                        job.future.set_exception(exc)
-                    continue
-            with self._lock:
-                if not job.future.set_running_or_notify_cancel():
-                    continue
-                job.worker = worker
+    def _take(self, job: _Compile, worker: CompileWorker | None) -> CompileWorker | None:
+        """Run one queued job on this slot's worker (started if needed); the worker to use next."""
+        if job.future.cancelled():
+            return worker
+        if worker is None or not worker.alive:
             try:
-                outcome = self._run(job, worker)
-            except Exception as exc:  # a bug here must not leave this slot's later jobs waiting forever
-                log.exception("grammar compile failed")
-                outcome = _Uncached(f"{job.constraint.kind}: the grammar compiler failed: {type(exc).__name__}")
-            with self._lock:
-                job.worker = None
-                if isinstance(outcome, BaseException) and type(outcome) is not InvalidArgument:
-                    self._uncache(job)  # only grammars and definite compile errors are kept
-            if isinstance(outcome, BaseException):
-                job.future.set_exception(outcome)
-            else:
-                job.future.set_result(outcome)
-            if not worker.alive:
-                self._retire(worker)
-                worker = self._replacement()
+                worker = self._start_worker()
+            except TurnoutError as exc:
+                with self._lock:
+                    self._uncache(job)
+                if job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(exc)
+                return None
+        with self._lock:
+            if not job.future.set_running_or_notify_cancel():
+                return worker
+            job.worker = worker
+        try:
+            outcome = self._run(job, worker)
+        except Exception as exc:  # a bug here must not leave this slot's later jobs waiting forever
+            log.exception("grammar compile failed")
+            outcome = _Uncached(f"{job.constraint.kind}: the grammar compiler failed: {type(exc).__name__}")
+        with self._lock:
+            job.worker = None
+            if isinstance(outcome, BaseException) and type(outcome) is not InvalidArgument:
+                self._uncache(job)  # only grammars and definite compile errors are kept
+        if isinstance(outcome, BaseException):
+            job.future.set_exception(outcome)
+        else:
+            job.future.set_result(outcome)
+        if worker.alive:
+            return worker
+        self._retire(worker)
+        return self._replacement()
 
     def _run(self, job: _Compile, worker: CompileWorker) -> Any:
         """The compiled grammar, or the exception to give its waiters."""
@@ -231,3 +231,27 @@ class GrammarCompiler:
 
 class _Uncached(InvalidArgument):
     """A refusal that depends on the moment (time limit, crash): not kept in the cache."""
+
+
+def _run_slot(compiler_ref: weakref.ref[GrammarCompiler], jobs: queue.SimpleQueue[_Compile | None]) -> None:
+    """One worker slot: takes queued jobs until told to stop or the compiler is gone, then kills its worker.
+    The compiler is referenced only while a job runs."""
+    compiler = compiler_ref()
+    # Started before taking a job, so a job never waits for a worker another slot has ready.
+    worker = compiler._replacement() if compiler is not None else None
+    del compiler
+    try:
+        while (job := jobs.get()) is not None:
+            compiler = compiler_ref()
+            if compiler is None:
+                return
+            worker = compiler._take(job, worker)
+            del compiler
+    finally:
+        if worker is not None:
+            worker.kill()
+
+
+def _stop_slots(jobs: queue.SimpleQueue[_Compile | None], count: int) -> None:
+    for _ in range(count):
+        jobs.put(None)
