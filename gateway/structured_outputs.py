@@ -7,7 +7,9 @@ knows (json_schema, json_object, regex, ebnf, structural_tag, choice); a
 request may carry at most one constraint, whatever spelling it came in, and
 two are a 400 naming both. Nothing is silently ignored: a spelling we cannot
 honour (a custom whitespace pattern) is refused. Grammars themselves are
-checked by the engine, which compiles them (a bad schema is its 400).
+checked by the engine, which compiles them (a bad schema is its 400, and so is
+one over its size and depth limits); here only what Python itself cannot handle
+(JSON nested past the interpreter's recursion limit) is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import invalid_request, unsupported
+from gateway.errors import HTTPError, invalid_request, unsupported
 from gateway.protocol import NativeSamplingParams, OpenAIRequest
 from turnout.v1 import common_pb2
 
@@ -153,7 +155,10 @@ def _structured_outputs(spec: dict[str, Any]) -> tuple[list[Constraint], bool | 
     if spec.get("json") is not None:
         schema = spec["json"]
         if spec.get("disable_additional_properties"):
-            schema = _closed_objects(_schema_object(schema, f"{source}.json"))
+            try:
+                schema = _closed_objects(_schema_object(schema, f"{source}.json"))
+            except RecursionError:
+                raise _too_deep(f"{source}.json") from None
         found.append(Constraint("json_schema", _schema_text(schema, f"{source}.json"), f"{source}.json"))
     for key, kind in (("regex", "regex"), ("grammar", "ebnf")):
         if spec.get(key) is not None:
@@ -180,7 +185,14 @@ def _structured_outputs(spec: dict[str, Any]) -> tuple[list[Constraint], bool | 
 
 def _schema_text(schema: Any, param: str) -> str:
     """A JSON schema given as an object or as JSON text -> JSON text of an object."""
-    return json.dumps(_schema_object(schema, param))
+    try:
+        return json.dumps(_schema_object(schema, param))
+    except RecursionError:
+        raise _too_deep(param) from None
+
+
+def _too_deep(param: str) -> HTTPError:
+    return invalid_request(f"'{param}' is nested too deeply to be a JSON schema", param)
 
 
 def _schema_object(schema: Any, param: str) -> dict[str, Any] | bool:
@@ -189,6 +201,8 @@ def _schema_object(schema: Any, param: str) -> dict[str, Any] | bool:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise invalid_request(f"'{param}' is not valid JSON: {exc}", param) from None
+        except RecursionError:
+            raise _too_deep(param) from None
     if not isinstance(schema, dict | bool):
         raise invalid_request(f"'{param}' must be a JSON schema (an object), got {type(schema).__name__}", param)
     return schema

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from services.engine.config import add_limit_flags, limit_flag, request_limit_fields
 from services.router.config import POLICIES
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
@@ -174,6 +175,9 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
             flags.append(f"--{switch.replace('_', '-')}")
     if args.overlap_schedule is not None:
         flags.append("--enable-overlap-schedule" if args.overlap_schedule else "--disable-overlap-schedule")
+    for limit in request_limit_fields():
+        if getattr(args, limit.name) is not None:
+            flags += [limit_flag(limit), str(getattr(args, limit.name))]
     return flags
 
 
@@ -312,6 +316,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=sorted(TOOL_PARSERS),
         help="the tokenizer reads tool calls for tool_choice 'auto' (default: none: such requests are refused)",
     )
+    add_limit_flags(parser, forwarded=True)
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for all to be healthy")
     parser.add_argument("--log-level", default=None)
     parser.add_argument("--log-format", default=None, choices=LOG_FORMATS, help="passed to every service")

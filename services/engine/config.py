@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from turnout.security import ServiceSecurity
 from turnout.telemetry.metrics_http import check_metrics_port
@@ -33,6 +35,12 @@ def kv_cache_memory_from_env(flag_value: float | None, environ: Mapping[str, str
     except ValueError:
         raise ValueError(f"{KV_CACHE_SPACE_ENV} must be a number of GiB, got {raw!r}") from None
     return gib if gib != 0 else None
+
+
+def _limit(default: float, help_text: str) -> Any:
+    """A bound on the work one request may cause. Its flag (`--field-name`, on `turnout engine` and
+    `turnout serve`), its check (> 0) and the docs' Limits table all come from this declaration."""
+    return field(default=default, metadata={"limit": help_text})
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,20 @@ class EngineConfig:
     # The thinking budget's tags, looked up in the model's vocabulary.
     think_start_token: str = "<think>"
     think_end_token: str = "</think>"
+    # Bounded work per request: a request over one of these is refused (INVALID_ARGUMENT, HTTP 400)
+    # with a message naming the field, the limit and its flag, before anything is allocated for it.
+    max_n: int = _limit(128, "most samples one request may ask for, n and best_of alike (OpenAI allows 128)")
+    max_stop_sequences: int = _limit(64, "most stop strings and stop regexes one request may give, together")
+    max_stop_sequence_length: int = _limit(1024, "longest stop string or stop regex, in characters")
+    max_grammar_bytes: int = _limit(
+        1 << 20, "largest structured-output constraint (JSON schema, regex, EBNF, structural tag), in UTF-8 bytes"
+    )
+    max_grammar_depth: int = _limit(
+        64, "deepest nesting of a JSON schema or structural tag (objects and arrays of its JSON text)"
+    )
+    grammar_compile_timeout: float = _limit(
+        10.0, "seconds one grammar may take to compile; a slower one is refused and its worker replaced"
+    )
     # Accept custom logits processors serialized by clients: runs client code, trusted clients only.
     enable_custom_logit_processor: bool = False
     # Postprocess each step on the CPU while the device runs the next one (llm_engine.py). None: on
@@ -129,8 +151,9 @@ class EngineConfig:
             "--cuda-graph-max-bs": self.cuda_graph_max_bs,
             "--cuda-graph-max-seq-len": self.cuda_graph_max_seq_len,
         }
+        positive.update({limit_flag(f): getattr(self, f.name) for f in request_limit_fields()})
         for flag, value in positive.items():
-            if value is not None and value < 1:
+            if value is not None and not value > 0:
                 raise ValueError(f"{flag} must be positive, got {value}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory_gib}")
@@ -158,3 +181,28 @@ class EngineConfig:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+def request_limit_fields() -> tuple[Field[Any], ...]:
+    """The EngineConfig fields that bound one request's work (declared with `_limit`)."""
+    return tuple(f for f in fields(EngineConfig) if "limit" in f.metadata)
+
+
+def limit_flag(limit: Field[Any]) -> str:
+    return "--" + limit.name.replace("_", "-")
+
+
+def add_limit_flags(parser: argparse.ArgumentParser, *, forwarded: bool = False) -> None:
+    """One flag per request limit. `forwarded` (turnout serve): unset by default, so the engine's own
+    default applies, and the help says which service takes it."""
+    group = parser.add_argument_group("per-request limits (a request over one is refused with a 400)")
+    for limit in request_limit_fields():
+        help_text = f"{limit.metadata['limit']} (default: {limit.default})"
+        group.add_argument(
+            limit_flag(limit),
+            dest=limit.name,
+            type=type(limit.default),
+            default=None if forwarded else limit.default,
+            metavar=type(limit.default).__name__.upper(),
+            help=f"engine: {help_text}" if forwarded else help_text,
+        )

@@ -27,12 +27,11 @@ def request_from_proto(
     if bad:
         raise InvalidArgument(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
     defaults = loaded.info.generation_defaults if config.sampling_defaults == "model" else common_pb2.SamplingParams()
-    limits = Limits(
+    limits = Limits.of_engine(
+        config,
         prompt_len=len(message.input_ids),
         max_model_len=loaded.max_model_len,
         vocab_size=vocab,
-        max_logprobs=config.max_logprobs,
-        grammar_max_whitespace=config.grammar_max_whitespace,
         processors=processors,
     )
     sampling = resolve(message.sampling_params, defaults, limits, message.logprob_options)

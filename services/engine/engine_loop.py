@@ -58,6 +58,12 @@ class _Flush:
     done: concurrent.futures.Future[bool]
 
 
+def _retrieve(future: asyncio.Future[object]) -> None:
+    """Marks the outcome of a compile its caller stopped waiting for as seen (no "never retrieved" log)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class EngineLoop:
     def __init__(
         self, engine: LLMEngine, max_waiting_requests: int = 1024, metrics: EngineMetrics | None = None
@@ -88,8 +94,12 @@ class EngineLoop:
         self.engine.check_fits(request)
         constraint = request.sampling.constraint
         if constraint is not None and request.grammar is None:
-            # shield: leaving early must not cancel a compilation other requests may share.
-            compiled = await asyncio.shield(asyncio.wrap_future(self.engine.grammars.submit(constraint)))
+            with self.engine.grammars.wanted(constraint) as compiling:
+                # shield: leaving early must not cancel a compile other requests may share; leaving the
+                # `wanted` block stops it once no request waits for it.
+                waiting = asyncio.wrap_future(compiling)
+                waiting.add_done_callback(_retrieve)
+                compiled = await asyncio.shield(waiting)
             request = dataclasses.replace(request, grammar=compiled)
         stream = _Stream(asyncio.get_running_loop(), timeline or RequestTimeline())
         with self._lock:
@@ -152,6 +162,7 @@ class EngineLoop:
             streams = list(self._streams.values())
         self._commands.put(None)
         self._thread.join(timeout=30)
+        self.engine.grammars.shutdown()
         for stream in streams:
             stream.emit(Unavailable("engine is shutting down"))
 

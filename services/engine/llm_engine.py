@@ -103,7 +103,7 @@ class LLMEngine:
         self._groups: dict[str, SequenceGroup] = {}
         # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
         self.vocab = ModelVocab(config.model, self.loaded.vocab_size, self.loaded.eos_token_ids)
-        self.grammars = GrammarCompiler(self.vocab)
+        self.grammars = GrammarCompiler(self.vocab, timeout_s=config.grammar_compile_timeout)
         self.processors = ProcessorCatalog(
             self.vocab,
             allow_serialized=config.enable_custom_logit_processor,
@@ -128,12 +128,11 @@ class LLMEngine:
 
     def limits(self, prompt_len: int) -> Limits:
         """What validation allows a request with this prompt length on this engine."""
-        return Limits(
+        return Limits.of_engine(
+            self.config,
             prompt_len=prompt_len,
             max_model_len=self.loaded.max_model_len,
             vocab_size=self.loaded.vocab_size,
-            max_logprobs=self.config.max_logprobs,
-            grammar_max_whitespace=self.config.grammar_max_whitespace,
             processors=self.processors,
         )
 

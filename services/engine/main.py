@@ -7,7 +7,13 @@ import asyncio
 import os
 from pathlib import Path
 
-from services.engine.config import KV_CACHE_SPACE_ENV, EngineConfig, kv_cache_memory_from_env
+from services.engine.config import (
+    KV_CACHE_SPACE_ENV,
+    EngineConfig,
+    add_limit_flags,
+    kv_cache_memory_from_env,
+    request_limit_fields,
+)
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -113,6 +119,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="accept logits processors serialized by clients (runs their code: trusted clients only)",
     )
+    add_limit_flags(parser)
     parser.add_argument("--log-level", default=None)
     add_observability_flags(parser, metrics_port=True)
     add_security_flags(parser)
@@ -159,6 +166,7 @@ def run(args: argparse.Namespace) -> None:
             disable_cuda_graph=args.disable_cuda_graph,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
             cuda_graph_max_seq_len=args.cuda_graph_max_seq_len,
+            **{limit.name: getattr(args, limit.name) for limit in request_limit_fields()},
         )
     except ValueError as exc:
         raise SystemExit(f"turnout engine: {exc}") from None

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from services.engine.config import EngineConfig
 from services.engine.grammar.constraint import Constraint
+from services.engine.grammar.constraint_limits import ConstraintLimits, check_constraint
 from services.engine.processors.catalog import ProcessorCall, ProcessorCatalog
 from services.engine.processors.thinking_budget import ThinkingBudget
 from services.engine.sampling_params import LogprobSettings, SamplingSettings
@@ -39,6 +41,34 @@ class Limits:
     grammar_max_whitespace: int | None = 4
     # Built-in and custom logits processors; None: the engine offers none.
     processors: ProcessorCatalog | None = None
+    # Work one request may cause (EngineConfig's per-request limits, named by their flags in errors).
+    max_n: int = EngineConfig.max_n
+    max_stop_sequences: int = EngineConfig.max_stop_sequences
+    max_stop_sequence_length: int = EngineConfig.max_stop_sequence_length
+    grammar: ConstraintLimits = field(default_factory=ConstraintLimits)
+
+    @classmethod
+    def of_engine(
+        cls,
+        config: EngineConfig,
+        *,
+        prompt_len: int,
+        max_model_len: int,
+        vocab_size: int,
+        processors: ProcessorCatalog | None,
+    ) -> Limits:
+        return cls(
+            prompt_len=prompt_len,
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            max_logprobs=config.max_logprobs,
+            grammar_max_whitespace=config.grammar_max_whitespace,
+            processors=processors,
+            max_n=config.max_n,
+            max_stop_sequences=config.max_stop_sequences,
+            max_stop_sequence_length=config.max_stop_sequence_length,
+            grammar=ConstraintLimits(max_bytes=config.max_grammar_bytes, max_depth=config.max_grammar_depth),
+        )
 
 
 class _Fields:
@@ -85,6 +115,9 @@ def resolve(
 ) -> SamplingSettings:
     """Apply defaults and check every value; raise InvalidArgument naming the problem."""
     f = _Fields(params, defaults)
+    # First what bounds the request's size: nothing below allocates per sample or compiles anything.
+    n, best_of = _samples(f, limits)
+    _check_stops(params, limits)
     constraint = _constraint(params, limits)
     processors, thinking_budget = _processors(params, limits)
     if constraint is not None and thinking_budget is not None:
@@ -125,13 +158,6 @@ def resolve(
         _check_ids("bad_words", ids, vocab)
     _check_ids("dry_sequence_breakers", params.dry_sequence_breaker_ids, vocab)
 
-    n = int(f.get("n", 1))
-    if n < 1:
-        raise InvalidArgument(f"n must be at least 1, got {n}")
-    best_of = int(f.get("best_of", n))
-    if best_of < n:
-        raise InvalidArgument(f"best_of must be at least n ({n}), got {best_of}")
-
     settings = SamplingSettings(
         max_new_tokens=max_new,
         min_new_tokens=min_new,
@@ -160,6 +186,41 @@ def resolve(
     return settings
 
 
+def _samples(f: _Fields, limits: Limits) -> tuple[int, int]:
+    """n and best_of: best_of samples are generated, so both are bounded by --max-n."""
+    n = int(f.get("n", 1))
+    if n < 1:
+        raise InvalidArgument(f"n must be at least 1, got {n}")
+    best_of = int(f.get("best_of", n))
+    for name, value in (("n", n), ("best_of", best_of)):
+        if value > limits.max_n:
+            raise InvalidArgument(f"{name} must be at most {limits.max_n} (the server's --max-n), got {value}")
+    if best_of < n:
+        raise InvalidArgument(f"best_of must be at least n ({n}), got {best_of}")
+    return n, best_of
+
+
+def _check_stops(params: common_pb2.SamplingParams, limits: Limits) -> None:
+    """Stop strings and regexes: none empty (it would match before any output), bounded count and length.
+    Checked here, where every path (HTTP, the router's gRPC, the engine's) passes, before the router
+    opens the tokenizer's Detokenize streams that match them."""
+    count = len(params.stop) + len(params.stop_regex)
+    if count > limits.max_stop_sequences:
+        raise InvalidArgument(
+            f"stop and stop_regex hold {count} entries together; at most {limits.max_stop_sequences} are allowed "
+            "(the server's --max-stop-sequences)"
+        )
+    for name, values in (("stop", params.stop), ("stop_regex", params.stop_regex)):
+        for i, value in enumerate(values):
+            if not value:
+                raise InvalidArgument(f"{name}[{i}] is empty: an empty {name} would end every output at once")
+            if len(value) > limits.max_stop_sequence_length:
+                raise InvalidArgument(
+                    f"{name}[{i}] is {len(value)} characters long; at most {limits.max_stop_sequence_length} are "
+                    "allowed (the server's --max-stop-sequence-length)"
+                )
+
+
 def _constraint(params: common_pb2.SamplingParams, limits: Limits) -> Constraint | None:
     """The structured-output constraint; its compile errors come from grammar/compiler.py."""
     kind = params.WhichOneof("constraint")
@@ -179,8 +240,11 @@ def _constraint(params: common_pb2.SamplingParams, limits: Limits) -> Constraint
     if not text.strip():
         raise InvalidArgument(f"{kind} must not be empty")
     if kind == "json_schema":
-        return Constraint("json_schema", text, compact=compact, max_whitespace=limits.grammar_max_whitespace)
-    return Constraint(kind, text)
+        constraint = Constraint("json_schema", text, compact=compact, max_whitespace=limits.grammar_max_whitespace)
+    else:
+        constraint = Constraint(kind, text)
+    check_constraint(constraint, limits.grammar)
+    return constraint
 
 
 def _processors(params: common_pb2.SamplingParams, limits: Limits) -> tuple[tuple[ProcessorCall, ...], int | None]:

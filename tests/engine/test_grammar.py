@@ -153,7 +153,7 @@ def test_grammar_finish_is_a_stop_with_nothing_matched() -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"json_schema": "{not json"}, "json_schema: the constraint does not compile: Failed to parse JSON"),
+        ({"json_schema": "{not json"}, "json_schema is not valid JSON: Expecting property name"),
         ({"json_schema": '{"type": 5}'}, "json_schema: the constraint does not compile"),
         ({"regex": "a(b"}, "regex: the constraint does not compile: Regex parsing error at position 4"),
         ({"ebnf": 'start ::= "a"'}, 'ebnf: the constraint does not compile: .*"root" is not found'),

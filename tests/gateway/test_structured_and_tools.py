@@ -122,6 +122,14 @@ async def test_whitespace_and_closed_objects(client: httpx.AsyncClient, fake_rou
         ("/v1/completions", {"guided_json": "[1]"}, "guided_json"),
         ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
         ("/v1/chat/completions", {"guided_choice": []}, "guided_choice"),
+        # Deeper than Python's json can parse: a 400, not a RecursionError (the engine bounds real depth).
+        ("/v1/completions", {"guided_json": "[" * 100_000}, "guided_json"),
+        ("/v1/completions", {"structured_outputs": {"json": "[" * 100_000}}, "structured_outputs.json"),
+        (
+            "/v1/completions",
+            {"structured_outputs": {"json": "[" * 100_000, "disable_additional_properties": True}},
+            "structured_outputs.json",
+        ),
     ],
 )
 async def test_bad_constraints_are_400(
