@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from services.router.config import POLICIES
+from services.tokenizer.config import add_limit_flags, limit_args
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
@@ -106,6 +107,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
         tokenizer += ["--reasoning-parser", args.reasoning_parser]
     if args.tool_call_parser:
         tokenizer += ["--tool-call-parser", args.tool_call_parser]
+    tokenizer += limit_args(args)
     router = [*turnout, "router", "--tokenizer", addr["tokenizer"], "--policy", args.policy]
     for port in engine_ports:
         router += ["--engine", f"127.0.0.1:{port}"]
@@ -279,6 +281,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=sorted(TOOL_PARSERS),
         help="the tokenizer reads tool calls for tool_choice 'auto' (default: none: such requests are refused)",
     )
+    add_limit_flags(parser.add_argument_group("tokenizer limits per request"), defaults_shown=False)
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for all to be healthy")
     parser.add_argument("--log-level", default=None)
     parser.add_argument("--log-format", default=None, choices=LOG_FORMATS, help="passed to every service")
