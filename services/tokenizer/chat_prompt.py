@@ -56,7 +56,9 @@ class ChatPrompt:
             if name in kwargs:
                 value = kwargs.pop(name)
                 if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
-                    raise InvalidArgument(f"chat_template_kwargs '{name}' must be a list of objects, got {_kind(value)}")
+                    raise InvalidArgument(
+                        f"chat_template_kwargs '{name}' must be a list of objects, got {_kind(value)}"
+                    )
                 lists[name] = value or None
         if not messages:
             raise InvalidArgument("messages must not be empty")

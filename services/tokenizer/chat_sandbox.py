@@ -67,7 +67,8 @@ class _TemplateDict:
 class _TemplateNamespace(jinja2.utils.Namespace):
     """Jinja's namespace refusing underscore names, which lead to CPython internals (as transformers)."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Jinja's own signature trick keeps `self=` usable
+    # Jinja's own signature trick: `namespace(self=...)` stays usable.
+    def __init__(*args: Any, **kwargs: Any) -> None:
         self, rest = args[0], args[1:]
         attrs = dict(*rest, **kwargs)
         for name in attrs:
@@ -128,7 +129,7 @@ def compile_template(source: str) -> jinja2.Template:
             raise TemplateFailed(f"chat templates cannot use {{% {tag} %}}: there are no other templates to load")
     try:
         return _ENV.from_string(tree)
-    except Exception as exc:  # noqa: BLE001 - compile errors of any kind are the template's
+    except Exception as exc:  # compile errors of any kind are the template's
         raise TemplateFailed(f"chat template does not compile: {_describe(exc)}") from None
 
 
@@ -161,7 +162,7 @@ def render(
         text = _bounded_join(template.generate(context), max_chars)
     except (TemplateFailed, MemoryError, RecursionError):
         raise
-    except Exception as exc:  # noqa: BLE001 - whatever the template raised is the client's template's error
+    except Exception as exc:  # whatever the template raised is its error
         raise TemplateFailed(f"chat template failed: {_describe(exc)}") from None
     if continue_final_message:
         if final.strip() not in text or _CONTINUE_TAG.strip() not in text:

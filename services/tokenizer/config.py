@@ -11,7 +11,6 @@ from services.tokenizer.reasoning import reasoning_parser_class
 from services.tokenizer.tool_parsers import tool_parser_class
 from turnout.telemetry.metrics_http import check_metrics_port
 
-
 MIB = 1024 * 1024
 
 

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from services.tokenizer.config import TokenizerConfig, TokenizerLimits, add_limit_flags, limits_from_args
+from services.tokenizer.config import TokenizerConfig, add_limit_flags, limits_from_args
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability

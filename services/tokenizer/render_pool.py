@@ -50,6 +50,8 @@ class _Worker:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
+        # Its transport closes once the process is reaped and both pipes are closed.
+        self._stdin.close()
 
 
 class RenderPool:
@@ -60,7 +62,8 @@ class RenderPool:
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
         self._started: asyncio.Task[None] | None = None
-        self._replacing: set[asyncio.Task[Any]] = set()
+        self._respawns: set[asyncio.Task[None]] = set()
+        self._reapers: set[asyncio.Task[int]] = set()
         self.restarts = 0
 
     async def start(self) -> None:
@@ -122,8 +125,8 @@ class RenderPool:
         self._discard(worker)
         self.restarts += 1
         task = asyncio.ensure_future(self._respawn())
-        self._replacing.add(task)
-        task.add_done_callback(self._replacing.discard)
+        self._respawns.add(task)
+        task.add_done_callback(self._respawns.discard)
 
     async def _respawn(self) -> None:
         delay = 0.1
@@ -141,12 +144,13 @@ class RenderPool:
         self._all.discard(worker)
         # Reaped in the background; nobody waits on a killed worker.
         task = asyncio.ensure_future(worker.process.wait())
-        self._replacing.add(task)
-        task.add_done_callback(self._replacing.discard)
+        self._reapers.add(task)
+        task.add_done_callback(self._reapers.discard)
 
     async def close(self) -> None:
-        for task in list(self._replacing):
+        for task in list(self._respawns):
             task.cancel()
+        await asyncio.gather(*self._respawns, return_exceptions=True)
         for worker in list(self._all):
             self._discard(worker)
-        await asyncio.gather(*self._replacing, return_exceptions=True)
+        await asyncio.gather(*self._reapers, return_exceptions=True)

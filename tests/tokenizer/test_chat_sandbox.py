@@ -17,7 +17,15 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 
 # Echoes what the template sees, so the test can read back the variables it was given.
-ECHO = "{{ messages | tojson }}\n{{ tools | tojson }}\n{{ documents | tojson }}\n{{ add_generation_prompt }}\n{{ bos_token }}"
+ECHO = "\n".join(
+    [
+        "{{ messages | tojson }}",
+        "{{ tools | tojson }}",
+        "{{ documents | tojson }}",
+        "{{ add_generation_prompt }}",
+        "{{ bos_token }}",
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +36,12 @@ def text_tokenizer(default_model_dir: Path) -> TextTokenizer:
 def render_with(tokenizer: TextTokenizer, messages: list[dict[str, Any]], **options: Any) -> str:
     template = options.pop("template", tokenizer.chat_template)
     assert isinstance(template, str)
-    arguments = {"tools": None, "documents": None, "add_generation_prompt": True, "continue_final_message": False}
+    arguments: dict[str, Any] = {
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": True,
+        "continue_final_message": False,
+    }
     arguments.update(options)
     return render(template, messages, variables=tokenizer.template_variables, max_chars=1 << 20, **arguments)
 
@@ -38,7 +51,10 @@ def render_with(tokenizer: TextTokenizer, messages: list[dict[str, Any]], **opti
     [
         ([USER], {}),
         ([{"role": "system", "content": "Be brief."}, USER], {"add_generation_prompt": False}),
-        ([USER, {"role": "assistant", "content": "Hi! How can"}], {"continue_final_message": True, "add_generation_prompt": False}),
+        (
+            [USER, {"role": "assistant", "content": "Hi! How can"}],
+            {"continue_final_message": True, "add_generation_prompt": False},
+        ),
         ([USER, {"role": "assistant", "content": "Hi ", "reasoning_content": "greet"}], {}),
         ([USER, {"role": "assistant", "content": "", "tool_calls": [CALL]}], {"tools": [TOOL]}),
     ],
@@ -70,7 +86,10 @@ def test_the_template_sees_the_conversation_and_the_special_tokens(text_tokenize
         ("{{ 1 // 0 }}", "ZeroDivisionError: integer division or modulo by zero"),
         ("{% if %}", "syntax error (line 1)"),
         ("{{ nowhere.field }}", "'nowhere' is undefined"),
-        ("{{ raise_exception('only user and assistant roles') }}", "chat template failed: only user and assistant roles"),
+        (
+            "{{ raise_exception('only user and assistant roles') }}",
+            "chat template failed: only user and assistant roles",
+        ),
         ("{{ ''.__class__.__mro__ }}", "access to attribute '__class__' of 'str' object is unsafe"),
         ("{% set ns = namespace(_x=1) %}", "underscore attributes"),
         ("{{ 'ab' * 600 }}", "longer than 1000 characters (--max-prompt-bytes)"),
