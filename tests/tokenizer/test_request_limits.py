@@ -113,8 +113,9 @@ async def test_a_long_prompt_under_the_limit_does_not_hold_up_short_ones(
     await asyncio.sleep(0.3)
     assert not long.done()
     for _ in range(3):
-        assert await timed(stub.Encode(tokenizer_pb2.EncodeRequest(text="The sky is"))) < PROMPT_ANSWER_S
-    assert not long.done()
+        # Threads, not processes: on a loaded 2-core machine the long encode's thread takes a core's share.
+        assert await timed(stub.Encode(tokenizer_pb2.EncodeRequest(text="The sky is"))) < 2 * PROMPT_ANSWER_S
+    assert not long.done()  # answered while the long one still ran: it did not queue behind it
     assert len((await long).input_ids) > 0
 
 
