@@ -32,8 +32,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from services.engine.config import add_limit_flags, limit_flag, request_limit_fields
+from services.engine.config import add_limit_flags as add_engine_limit_flags
+from services.engine.config import limit_flag, request_limit_fields
 from services.router.config import POLICIES
+from services.tokenizer.config import add_limit_flags as add_tokenizer_limit_flags
+from services.tokenizer.config import limit_args
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
@@ -118,6 +121,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
         tokenizer += ["--reasoning-parser", args.reasoning_parser]
     if args.tool_call_parser:
         tokenizer += ["--tool-call-parser", args.tool_call_parser]
+    tokenizer += limit_args(args)
     router = [*turnout, "router", "--tokenizer", addr["tokenizer"], "--policy", args.policy]
     for port in engine_ports:
         router += ["--engine", f"127.0.0.1:{port}"]
@@ -316,7 +320,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=sorted(TOOL_PARSERS),
         help="the tokenizer reads tool calls for tool_choice 'auto' (default: none: such requests are refused)",
     )
-    add_limit_flags(parser, forwarded=True)
+    add_engine_limit_flags(parser, forwarded=True)
+    add_tokenizer_limit_flags(parser.add_argument_group("tokenizer limits per request"), defaults_shown=False)
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for all to be healthy")
     parser.add_argument("--log-level", default=None)
     parser.add_argument("--log-format", default=None, choices=LOG_FORMATS, help="passed to every service")

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.config import TokenizerConfig, add_limit_flags, limits_from_args
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.security import ServiceSecurity, add_security_flags
@@ -33,6 +33,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="read tool calls from the output for tool_choice 'auto' (default: none; such requests are refused)",
     )
     parser.add_argument("--log-level", default=None)
+    add_limit_flags(parser.add_argument_group("limits per request"))
     add_observability_flags(parser, metrics_port=True)
     add_security_flags(parser)
     return parser
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> None:
             tool_call_parser=args.tool_call_parser,
             metrics_port=args.metrics_port,
             security=ServiceSecurity.from_args(args),
+            limits=limits_from_args(args),
         )
     except ValueError as exc:
         raise SystemExit(f"turnout tokenizer: {exc}") from None
@@ -72,6 +74,7 @@ async def _serve(config: TokenizerConfig) -> None:
         TextTokenizer(config.model, config.chat_template),
         reasoning_parser=config.reasoning_parser,
         tool_call_parser=config.tool_call_parser,
+        limits=config.limits,
     )
     spec = ServiceSpec(
         name=tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name,
@@ -80,14 +83,18 @@ async def _serve(config: TokenizerConfig) -> None:
     endpoint = (
         None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
     )
-    await serve(
-        config.address,
-        [spec],
-        service="tokenizer",
-        interceptors=[metrics],
-        metrics=endpoint,
-        security=config.security,
-    )
+    await servicer.start()
+    try:
+        await serve(
+            config.address,
+            [spec],
+            service="tokenizer",
+            interceptors=[metrics],
+            metrics=endpoint,
+            security=config.security,
+        )
+    finally:
+        await servicer.close()
 
 
 if __name__ == "__main__":

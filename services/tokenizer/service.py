@@ -3,19 +3,24 @@ tool-call parsing) and per-token texts."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 
 from grpc import aio
 from opentelemetry import trace
 
+from services.tokenizer.chat_prompt import ChatPrompt
+from services.tokenizer.config import TokenizerLimits
 from services.tokenizer.convert import message_to_dict, template_kwargs
 from services.tokenizer.detokenizer import IncrementalDetokenizer
 from services.tokenizer.output_parser import OutputParser
 from services.tokenizer.reasoning import DEFAULT_THINK_TAGS, reasoning_parser_class
+from services.tokenizer.render_pool import RenderPool
 from services.tokenizer.stop_matcher import StopMatcher
 from services.tokenizer.text_tokenizer import TextTokenizer
 from services.tokenizer.tool_parsers import tool_parser_class
+from services.tokenizer.work_lanes import WorkLanes
 from turnout.errors import FailedPrecondition, InvalidArgument
 from turnout.telemetry.request_context import set_request_id
 from turnout.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
@@ -25,14 +30,35 @@ log = logging.getLogger(__name__)
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     def __init__(
-        self, tokenizer: TextTokenizer, *, reasoning_parser: str | None = None, tool_call_parser: str | None = None
+        self,
+        tokenizer: TextTokenizer,
+        *,
+        reasoning_parser: str | None = None,
+        tool_call_parser: str | None = None,
+        limits: TokenizerLimits | None = None,
     ) -> None:
-        """Parser names as in TokenizerConfig (validated there); None: that parsing is off."""
+        """Parser names as in TokenizerConfig (validated there); None: that parsing is off. The render
+        workers start with the first chat (or `start()`); `close()` stops them."""
         self._tokenizer = tokenizer
+        self._limits = limits = limits or TokenizerLimits()
+        self._render_pool = RenderPool(
+            workers=limits.chat_template_workers,
+            timeout_s=limits.chat_template_timeout,
+            memory_bytes=limits.render_memory_bytes,
+        )
+        self._chat = ChatPrompt(self._render_pool, tokenizer.chat_template, tokenizer.template_variables)
+        self._lanes = WorkLanes()
         self._reasoning_parser = None if reasoning_parser is None else reasoning_parser_class(reasoning_parser)
         self._tool_parser = None if tool_call_parser is None else tool_parser_class(tool_call_parser)
         parser = self._reasoning_parser
         self._think_tags = DEFAULT_THINK_TAGS if parser is None else (parser.start_tag, parser.end_tag)
+
+    async def start(self) -> None:
+        await self._render_pool.start()
+
+    async def close(self) -> None:
+        await self._render_pool.close()
+        self._lanes.close()
 
     async def Encode(
         self, request: tokenizer_pb2.EncodeRequest, context: aio.ServicerContext
@@ -42,9 +68,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         if which == "text":
             add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
             text = request.text
+            size = self._check_prompt_bytes(text, "the prompt")
         elif which == "chat":
             messages = [message_to_dict(m) for m in request.chat.messages]
-            text = self._tokenizer.render_chat(messages, **template_kwargs(request.chat.options))
+            options = template_kwargs(request.chat.options)
+            text = await self._chat.render(messages, **options, max_chars=self._limits.max_prompt_bytes)
+            size = self._check_prompt_bytes(text, "the rendered chat")
             # The template already placed the special tokens it wants.
             add_special = request.add_special_tokens if request.HasField("add_special_tokens") else False
             # Open when the last start tag comes after the last end tag (rfind gives -1 for neither).
@@ -52,18 +81,22 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             thinking_open = text.rfind(start_tag) > text.rfind(end_tag)
         else:
             raise InvalidArgument("EncodeRequest needs `text` or `chat`")
-        ids = self._tokenizer.encode(text, add_special_tokens=add_special)
+        encode = functools.partial(self._tokenizer.encode, text, add_special_tokens=add_special)
+        ids = await self._lanes.run(size, encode)
         trace.get_current_span().set_attribute("turnout.prompt_tokens", len(ids))
         return tokenizer_pb2.EncodeResponse(input_ids=ids, prompt_text=text, thinking_open=thinking_open)
 
     async def Decode(
         self, request: tokenizer_pb2.DecodeRequest, context: aio.ServicerContext
     ) -> tokenizer_pb2.DecodeResponse:
-        text = self._tokenizer.decode(
-            request.token_ids,
+        ids = self._check_token_ids(request.token_ids, "Decode")
+        decode = functools.partial(
+            self._tokenizer.decode,
+            ids,
             skip_special_tokens=_flag(request, "skip_special_tokens", True),
             spaces_between_special_tokens=_flag(request, "spaces_between_special_tokens", True),
         )
+        text = await self._lanes.run(len(ids), decode)
         return tokenizer_pb2.DecodeResponse(text=text)
 
     async def Detokenize(
@@ -120,14 +153,40 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         self, request: tokenizer_pb2.EncodeTextsRequest, context: aio.ServicerContext
     ) -> tokenizer_pb2.EncodeTextsResponse:
         add_special = _flag(request, "add_special_tokens", False)
-        encoded = self._tokenizer.encode_texts(list(request.texts), add_special_tokens=add_special)
+        texts = list(request.texts)
+        if len(texts) > self._limits.max_encode_texts:
+            raise InvalidArgument(
+                f"{len(texts)} texts to encode; at most {self._limits.max_encode_texts} (--max-encode-texts)"
+            )
+        size = self._check_prompt_bytes("".join(texts), "the texts together")
+        encode = functools.partial(self._tokenizer.encode_texts, texts, add_special_tokens=add_special)
+        encoded = await self._lanes.run(size, encode)
         return tokenizer_pb2.EncodeTextsResponse(ids=[common_pb2.TokenIds(ids=ids) for ids in encoded])
 
     async def TokenTexts(
         self, request: tokenizer_pb2.TokenTextsRequest, context: aio.ServicerContext
     ) -> tokenizer_pb2.TokenTextsResponse:
-        texts, token_bytes = self._tokenizer.token_texts(request.token_ids)
+        ids = self._check_token_ids(request.token_ids, "TokenTexts")
+        texts, token_bytes = await self._lanes.run(len(ids), functools.partial(self._tokenizer.token_texts, ids))
         return tokenizer_pb2.TokenTextsResponse(texts=texts, token_bytes=token_bytes)
+
+    def _check_prompt_bytes(self, text: str, what: str) -> int:
+        """The UTF-8 size of `text`; InvalidArgument past --max-prompt-bytes, before any encoding."""
+        limit = self._limits.max_prompt_bytes
+        if len(text) > limit:  # every character is at least one byte
+            raise InvalidArgument(f"{what} is longer than {limit} bytes (--max-prompt-bytes): {len(text)} characters")
+        # At most 4 bytes a character: most texts are decided without encoding them.
+        size = len(text) if 4 * len(text) <= limit else len(text.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise InvalidArgument(f"{what} is {size} bytes; at most {limit} (--max-prompt-bytes)")
+        return size
+
+    def _check_token_ids(self, ids: Sequence[int], what: str) -> list[int]:
+        if len(ids) > self._limits.max_token_ids:
+            raise InvalidArgument(
+                f"{what}: {len(ids)} token ids; at most {self._limits.max_token_ids} (--max-token-ids)"
+            )
+        return list(ids)
 
 
 def _push(detokenizer: IncrementalDetokenizer, parser: OutputParser, token_ids: Sequence[int]) -> str:

@@ -1,7 +1,10 @@
-"""A model's tokenizer: plain text and chat messages to token ids, and back.
+"""A model's tokenizer: text to token ids and back, and what its chat template needs.
 
-transformers renders chat templates (Jinja, with tools, documents and extra
-kwargs); the Rust `tokenizers` backend does the encoding and decoding.
+The Rust `tokenizers` backend does the encoding and decoding. Encoding goes
+through `encode_batch`, whose Rust side releases the GIL (`encode` holds it for
+the whole call: a 1 MB text stalls every other thread for seconds), so an
+encode in a worker thread never stalls the event loop. Chat templates render
+elsewhere (chat_prompt.py); this class only says which template and variables.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -30,8 +32,22 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def chat_template(self) -> str | dict[str, str] | None:
+        """The template chats render with: the configured one, else the model's (several by name, or none)."""
+        if self._chat_template is not None:
+            return self._chat_template
+        template: str | dict[str, str] | None = self._hf.chat_template
+        return template
+
+    @property
+    def template_variables(self) -> dict[str, Any]:
+        """What every chat template sees besides the conversation: the special tokens (bos_token, …)."""
+        return dict(self._hf.special_tokens_map)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        [encoding] = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(encoding.ids)
 
     def encode_texts(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> list[list[int]]:
         """Each text encoded on its own, in order (an empty text gives no ids)."""
@@ -50,52 +66,16 @@ class TextTokenizer:
         bad = [t for t in ids if t >= vocab]
         if bad:
             raise InvalidArgument(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+        if skip_special_tokens or not spaces_between_special_tokens:
+            # decode_batch: its Rust side releases the GIL, as encode_batch's does.
+            [text] = self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)
+            return str(text)
         return decode(
             self.backend,
             ids,
             skip_special_tokens=skip_special_tokens,
             spaces_between_special_tokens=spaces_between_special_tokens,
         )
-
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template: str | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[Any, Any]] | None = None,
-        documents: list[dict[str, Any]] | None = None,
-    ) -> str:
-        """The prompt text a conversation renders to with the chat template."""
-        if not messages:
-            raise InvalidArgument("messages must not be empty")
-        if add_generation_prompt and continue_final_message:
-            raise InvalidArgument("add_generation_prompt and continue_final_message cannot both be true")
-        if continue_final_message and messages[-1].get("role") != "assistant":
-            raise InvalidArgument("continue_final_message needs the last message to be from the assistant")
-        template = chat_template or self._chat_template
-        if template is None and self._hf.chat_template is None:
-            raise InvalidArgument("this model has no chat template; pass one with chat_template")
-        template_tools: list[Any] | None = list(tools) if tools else None
-        try:
-            rendered = self._hf.apply_chat_template(
-                messages,
-                tools=template_tools,
-                documents=documents or None,
-                chat_template=template,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tokenize=False,
-                **(template_kwargs or {}),
-            )
-        except jinja2.TemplateError as exc:
-            raise InvalidArgument(f"chat template failed: {exc}") from None
-        except ValueError as exc:  # transformers' own checks on messages and options
-            raise InvalidArgument(f"chat template: {exc}") from None
-        assert isinstance(rendered, str)
-        return rendered
 
 
 def _read_template(value: str | None) -> str | None:

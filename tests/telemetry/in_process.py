@@ -61,7 +61,8 @@ async def in_process_stack(model_dir: Path, loaded: LoadedModel) -> AsyncIterato
 
     tokenizer_metrics = RpcMetrics("tokenizer")
     tokenizer_server = make_server("tokenizer", [tokenizer_metrics])
-    tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerServicer(TextTokenizer(model_dir)), tokenizer_server)
+    tokenizer_servicer = TokenizerServicer(TextTokenizer(model_dir))
+    tokenizer_pb2_grpc.add_TokenizerServicer_to_server(tokenizer_servicer, tokenizer_server)
     tokenizer_address = await _start(tokenizer_server)
 
     config = RouterConfig(
@@ -89,5 +90,6 @@ async def in_process_stack(model_dir: Path, loaded: LoadedModel) -> AsyncIterato
         await router_server.stop(0)
         await router.close()
         await tokenizer_server.stop(0)
+        await tokenizer_servicer.close()
         await engine_server.stop(0)
         await asyncio.to_thread(engine.shutdown)

@@ -26,12 +26,14 @@ def text_tokenizer(default_model_dir: Path) -> TextTokenizer:
 
 async def _serve(tokenizer: TextTokenizer) -> AsyncIterator[tokenizer_pb2_grpc.TokenizerStub]:
     server = aio.server(interceptors=[StatusInterceptor()])
-    tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerServicer(tokenizer), server)
+    servicer = TokenizerServicer(tokenizer)
+    tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     async with client_channel(f"127.0.0.1:{port}") as channel:
         yield tokenizer_pb2_grpc.TokenizerStub(channel)
     await server.stop(0)
+    await servicer.close()
 
 
 @pytest.fixture

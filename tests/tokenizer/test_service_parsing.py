@@ -53,6 +53,7 @@ async def serve(servicer: TokenizerServicer) -> AsyncIterator[tokenizer_pb2_grpc
     async with client_channel(f"127.0.0.1:{port}") as channel:
         yield tokenizer_pb2_grpc.TokenizerStub(channel)
     await server.stop(0)
+    await servicer.close()
 
 
 @pytest.fixture
