@@ -88,9 +88,9 @@ async def generate(
     keep_logprobs = _asks_logprobs(request.logprob_options)
     start = _detokenize_start(request_id, prompt, params, request)
     samples = _Samples(engines, model.name, tokenizer, start, params, best_of)
-    if request.tool_calling.mode == common_pb2.ToolCalling.AUTO:
-        # The tokenizer refuses AUTO when it runs without --tool-call-parser: learn that before the engine runs.
-        await samples.check_start()
+    # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
+    # --tool-call-parser): learn that before the engine runs.
+    await samples.open_first()
     if not ranking:
         async for response in samples.run(engine_request):
             if with_texts:
@@ -173,9 +173,9 @@ class _Samples:
             self._texts[index] = SampleText(self._tokenizer, self._start)
         return self._texts[index]
 
-    async def check_start(self) -> None:
-        """Open sample 0's Detokenize stream with no tokens, so the tokenizer's refusal of it comes now."""
-        await self._text(0).push([], last=False)
+    async def open_first(self) -> None:
+        """Open sample 0's Detokenize stream, so the tokenizer's refusal of the start comes now."""
+        await self._text(0).open()
 
     async def run(
         self, engine_request: engine_pb2.EngineGenerateRequest
