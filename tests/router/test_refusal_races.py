@@ -66,3 +66,27 @@ async def test_an_engine_refusal_while_the_detokenize_stream_is_open_is_the_outc
     request = inference_pb2.GenerateRequest(text="hello", sampling_params=common_pb2.SamplingParams(max_new_tokens=2))
     outcomes = await _outcomes(cluster.inference, request)
     assert outcomes == Counter({"INVALID_ARGUMENT: engine0 fails on purpose": REPEATS})
+
+
+async def test_concurrent_requests_with_the_same_id_both_run_under_unique_engine_ids(
+    make_cluster: Callable[..., Any],
+) -> None:
+    cluster = await make_cluster(1)
+    engine = cluster.engines[0]
+    engine.hold = asyncio.Event()  # both streams stay open at once
+    request = inference_pb2.GenerateRequest(
+        text="hello", request_id="same", sampling_params=common_pb2.SamplingParams(max_new_tokens=2)
+    )
+
+    async def run() -> list[inference_pb2.GenerateResponse]:
+        return [r async for r in cluster.inference.Generate(request)]
+
+    both = asyncio.gather(run(), run())
+    while engine.active < 2:
+        await asyncio.sleep(0.01)
+    engine.hold.set()
+    first, second = await both
+    assert [r.WhichOneof("kind") for r in first] == [r.WhichOneof("kind") for r in second]
+    ids = [r.request_id for r in engine.received]
+    assert len(set(ids)) == 2 and all(i.startswith("same-") for i in ids)
+    assert [r.external_request_id for r in engine.received] == ["same", "same"]
