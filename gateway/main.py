@@ -8,7 +8,7 @@ import json
 import logging
 import os
 
-from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
+from gateway.config import DEFAULT_MAX_CLIENT_BATCH_SIZE, DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="larger request bodies are answered 413 (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-client-batch-size",
+        type=int,
+        default=DEFAULT_MAX_CLIENT_BATCH_SIZE,
+        metavar="N",
+        help="most prompts in one request's batch; a larger batch is answered 400 (default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level",
         default=None,
         type=str.upper,
@@ -106,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         allow_credentials=args.allow_credentials,
         root_path=args.root_path,
         max_request_bytes=args.max_request_bytes,
+        max_client_batch_size=args.max_client_batch_size,
     )
 
 

@@ -32,6 +32,17 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+# Calls that arrived and that the Python server has not picked up yet. gRPC core cancels
+# calls (CANCELLED) at random once its backlog passes 1000 (its default), before our own
+# admission control sees them: a burst like one batch of 2000 prompts lost ~7% that way.
+# The backlog must hold what the router admits and queues (--max-concurrent-requests +
+# --max-queued-requests, 2048 by default); it is refused with RESOURCE_EXHAUSTED there.
+MAX_PENDING_CALLS = 4096
+SERVER_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
+]
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,7 @@ def make_server(service: str, interceptors: Sequence[aio.ServerInterceptor] = ()
     """A server whose calls get a span when tracing is on, then pass `interceptors`, and whose errors
     become status codes. StatusInterceptor is innermost, so the others see the final status."""
     chain = [*server_interceptors(service), *interceptors, StatusInterceptor()]
-    return aio.server(interceptors=chain, options=CHANNEL_OPTIONS)
+    return aio.server(interceptors=chain, options=SERVER_OPTIONS)
 
 
 async def serve(
