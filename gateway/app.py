@@ -6,7 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.telemetry import TelemetryConfig
 from starlette.middleware.cors import CORSMiddleware
 
@@ -16,6 +16,7 @@ from gateway.errors import install_handlers
 from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPathMiddleware
 from gateway.request_id import RequestIdMiddleware
 from gateway.router_client import RouterClient
+from gateway.text_validity import refuse_invalid_text
 from turnout import __version__
 from turnout.grpc_server import client_channel
 
@@ -50,7 +51,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
         "operation_spans": False,
         "auto_configure": False,
     }
-    app = FastAPI(title="Turnout gateway", version=__version__, lifespan=lifespan, telemetry=off)
+    # Every route's JSON body is checked for invalid Unicode before its model sees it.
+    app = FastAPI(
+        title="Turnout gateway",
+        version=__version__,
+        lifespan=lifespan,
+        telemetry=off,
+        dependencies=[Depends(refuse_invalid_text)],
+    )
     app.state.config = config
     # Reported as every model's `created`: the contract has no creation time.
     app.state.created = int(time.time())

@@ -9,6 +9,9 @@ from turnout.security import ServiceSecurity
 
 # 32 MiB: far above any prompt that fits a context, far below what hurts the process.
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+# A batch runs all its prompts at once: 1024 fills, and does not overflow, the router's
+# default concurrency (--max-concurrent-requests) and the engine's queue (--max-waiting-requests).
+DEFAULT_MAX_CLIENT_BATCH_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class GatewayConfig:
     `allowed_*` / `allow_credentials`: the CORS policy (vLLM's flags and defaults).
     `root_path`: the prefix a reverse proxy serves the gateway under.
     `max_request_bytes`: larger request bodies are answered 413.
+    `max_client_batch_size`: most prompts (or texts, or token lists) in one request's batch
+    (TGI's `--max-client-batch-size`); a larger batch is answered 400.
     """
 
     router_address: str
@@ -42,6 +47,7 @@ class GatewayConfig:
     allow_credentials: bool = False
     root_path: str = ""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_client_batch_size: int = DEFAULT_MAX_CLIENT_BATCH_SIZE
     # Its secrets are repr=False: they never reach logs; /get_server_info leaves it out.
     security: ServiceSecurity = field(default_factory=ServiceSecurity)
 
@@ -67,6 +73,8 @@ class GatewayConfig:
             raise ValueError(f"root_path must start with '/' and not end with one (e.g. /llm), got {self.root_path!r}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
+        if self.max_client_batch_size < 1:
+            raise ValueError(f"max_client_batch_size must be positive, got {self.max_client_batch_size}")
 
     @property
     def reported_model_name(self) -> str | None:

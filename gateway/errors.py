@@ -29,6 +29,9 @@ _STATUS_OF_CODE = {
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNIMPLEMENTED: 501,
+    # The gateway's own cancellations never get here (a client that left is ClientDisconnected):
+    # a CANCELLED from the router means the serving side shed the call (overload, shutdown).
+    grpc.StatusCode.CANCELLED: 503,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }

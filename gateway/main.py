@@ -8,7 +8,7 @@ import json
 import logging
 import signal
 
-from gateway.config import DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
+from gateway.config import DEFAULT_MAX_CLIENT_BATCH_SIZE, DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -68,6 +68,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="larger request bodies are answered 413 (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-client-batch-size",
+        type=int,
+        default=DEFAULT_MAX_CLIENT_BATCH_SIZE,
+        metavar="N",
+        help="most prompts in one request's batch; a larger batch is answered 400 (default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level",
         default=None,
         type=str.upper,
@@ -107,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         allow_credentials=args.allow_credentials,
         root_path=args.root_path,
         max_request_bytes=args.max_request_bytes,
+        max_client_batch_size=args.max_client_batch_size,
         security=ServiceSecurity.from_args(args),
     )
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import convert, request_id, sse
+from gateway.batch_limit import check_batch_size
 from gateway.generation import Generation, Sample, unless_disconnected
 from gateway.logprobs_format import sglang_logprobs
 from gateway.prompts import Prompt, look_up, starts_at_zero
@@ -59,6 +60,7 @@ def _output(sample: Sample, sample_id: str, request: inference_pb2.GenerateReque
 @router.post("/generate")
 async def generate(body: NativeGenerateRequest, request: Request) -> Response:
     messages, is_batch = convert.native_requests(body)
+    check_batch_size(request, len(messages), "text" if body.text is not None else "input_ids")
     chosen = request_id.begin(request, body, body.rid if isinstance(body.rid, str) else None)
     header_id = request.headers.get(request_id.HEADER)
     client = router_of(request)

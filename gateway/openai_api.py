@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import convert, request_id, sse
+from gateway.batch_limit import check_batch_size
 from gateway.errors import HTTPError
 from gateway.generation import Generation, Sample, unless_disconnected
 from gateway.openai_format import Head, View, chat_body, chat_chunks, completion_body, completion_chunks
@@ -71,6 +72,7 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     chosen = request_id.begin(request, body, body.request_id)
     messages = convert.completion_requests(body, chosen)
+    check_batch_size(request, len(messages), "prompt")
     view = View(
         logprobs=body.logprobs,
         as_token_ids=bool(body.return_tokens_as_token_ids),

@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from turnout.request_decoding import UndecodableRequest, lenient
+
 log = logging.getLogger(__name__)
 
 
@@ -57,7 +59,7 @@ async def _abort(context: aio.ServicerContext, exc: BaseException, method: str) 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
     async def handler(request: Any, context: aio.ServicerContext) -> Any:
         try:
-            return await behavior(request, context)
+            return await behavior(_checked(request), context)
         except aio.AbortError:
             raise
         except Exception as exc:
@@ -69,7 +71,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callabl
 def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., AsyncIterator[Any]]:
     async def handler(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            async for item in behavior(request, context):
+            async for item in behavior(_checked(request), context):
                 yield item
         except aio.AbortError:
             raise
@@ -79,8 +81,25 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str) -> Ca
     return handler
 
 
+def _checked(request: Any) -> Any:
+    """The request, or for a request stream the stream; a request that did not parse is INVALID_ARGUMENT."""
+    if isinstance(request, UndecodableRequest):
+        raise InvalidArgument(request.message)
+    if hasattr(request, "__aiter__"):
+        return _checked_stream(request)
+    return request
+
+
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, UndecodableRequest):
+            raise InvalidArgument(request.message)
+        yield request
+
+
 class StatusInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
-    """Maps exceptions raised by any handler to gRPC status codes."""
+    """Maps exceptions raised by any handler to gRPC status codes; a request that does not parse
+    (invalid UTF-8 in a string field) is INVALID_ARGUMENT naming the field (`request_decoding`)."""
 
     async def intercept_service(
         self,
@@ -91,8 +110,9 @@ class StatusInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return handler
         method = handler_call_details.method
+        deserialize = handler.request_deserializer
         kwargs = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": lenient(deserialize) if deserialize is not None else None,
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:

@@ -198,6 +198,7 @@ def gateway_flags(args: argparse.Namespace) -> list[str]:
         "root_path",
         "max_request_bytes",
         "router_ready_timeout",
+        "max_client_batch_size",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -224,6 +225,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     parser.add_argument("--root-path", default=None, help="path prefix behind a reverse proxy, e.g. /llm")
     parser.add_argument("--max-request-bytes", type=int, default=None, help="larger request bodies get 413")
+    parser.add_argument(
+        "--max-client-batch-size", type=int, default=None, help="most prompts per request; more get 400 (see gateway)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
     for name in ("engine", "tokenizer", "router"):

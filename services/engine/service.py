@@ -29,11 +29,17 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(
         self, request: engine_pb2.EngineGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
-        set_request_id(request.request_id)
+        # Logs and traces show the caller's id; `request_id` (unique) is the engine's key.
+        shown_id = request.external_request_id or request.request_id
+        set_request_id(shown_id)
         engine_request = request_from_proto(request, self._loaded, self._config, self._engine.engine.processors)
         log.info(
             "generate",
-            extra={"request_id": request.request_id, "prompt_tokens": len(request.input_ids)},
+            extra={
+                "request_id": shown_id,
+                "engine_request_id": request.request_id,
+                "prompt_tokens": len(request.input_ids),
+            },
         )
         # A cancelled call cancels this generator; closing engine.generate() aborts the request.
         priority = request.priority if request.HasField("priority") else 0
@@ -44,7 +50,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 last = output
                 yield output_to_proto(output)
         finally:
-            _annotate_span(request.request_id, timeline, last)
+            _annotate_span(shown_id, timeline, last)
 
     async def Abort(self, request: engine_pb2.AbortRequest, context: aio.ServicerContext) -> engine_pb2.AbortResponse:
         return engine_pb2.AbortResponse(aborted=self._engine.abort(request.request_id, tuple(request.indices)))

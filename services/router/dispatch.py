@@ -148,7 +148,11 @@ class EngineStream:
         )
         log.info(
             "routed",
-            extra={"request_id": self._request.request_id, "engine": route.engine.address, "reason": route.reason},
+            extra={
+                "request_id": self._request.external_request_id or self._request.request_id,
+                "engine": route.engine.address,
+                "reason": route.reason,
+            },
         )
         return route.engine
 

@@ -58,7 +58,10 @@ def _asks_logprobs(options: common_pb2.LogprobOptions) -> bool:
 async def generate(
     request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizers: TokenizerPool
 ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    # The caller's id is shown (logs, traces, the tokenizer's logs); the engine keys requests by a
+    # unique one, so two concurrent requests may share an id (as in vLLM).
     request_id = request.request_id or uuid.uuid4().hex
+    engine_request_id = f"{request_id}-{uuid.uuid4().hex[:12]}" if request.request_id else request_id
     set_request_id(request_id)
     model = engines.model_info(request.model)
     tokenizer = await tokenizers.pick()
@@ -75,11 +78,18 @@ async def generate(
     if ranking:
         options.return_logprob = True  # the ranking sums the sampled tokens' log-probabilities
     engine_request = engine_pb2.EngineGenerateRequest(
-        request_id=request_id, input_ids=input_ids, sampling_params=params, logprob_options=options
+        request_id=engine_request_id,
+        external_request_id=request_id,
+        input_ids=input_ids,
+        sampling_params=params,
+        logprob_options=options,
     )
     if request.HasField("priority"):
         engine_request.priority = request.priority
-    log.info("generate", extra={"request_id": request_id, "prompt_tokens": len(input_ids)})
+    log.info(
+        "generate",
+        extra={"request_id": request_id, "engine_request_id": engine_request_id, "prompt_tokens": len(input_ids)},
+    )
     span = trace.get_current_span()
     span.set_attribute("turnout.request_id", request_id)
     span.set_attribute("turnout.prompt_tokens", len(input_ids))
@@ -88,9 +98,9 @@ async def generate(
     keep_logprobs = _asks_logprobs(request.logprob_options)
     start = _detokenize_start(request_id, prompt, params, request)
     samples = _Samples(engines, model.name, tokenizer, start, params, best_of)
-    if request.tool_calling.mode == common_pb2.ToolCalling.AUTO:
-        # The tokenizer refuses AUTO when it runs without --tool-call-parser: learn that before the engine runs.
-        await samples.check_start()
+    # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
+    # --tool-call-parser): learn that before the engine runs.
+    await samples.open_first()
     if not ranking:
         async for response in samples.run(engine_request):
             if with_texts:
@@ -173,9 +183,9 @@ class _Samples:
             self._texts[index] = SampleText(self._tokenizer, self._start)
         return self._texts[index]
 
-    async def check_start(self) -> None:
-        """Open sample 0's Detokenize stream with no tokens, so the tokenizer's refusal of it comes now."""
-        await self._text(0).push([], last=False)
+    async def open_first(self) -> None:
+        """Open sample 0's Detokenize stream, so the tokenizer's refusal of the start comes now."""
+        await self._text(0).open()
 
     async def run(
         self, engine_request: engine_pb2.EngineGenerateRequest

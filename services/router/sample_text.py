@@ -1,4 +1,11 @@
-"""The Detokenize stream of one sample: token ids in, final text (and stop matches) out."""
+"""The Detokenize stream of one sample: token ids in, final text (and stop matches) out.
+
+Strictly one message in flight: each write waits for the answer to the one
+before (the start's answer is empty). The tokenizer refuses a message by ending
+the stream with an error status instead of answering, so the refusal is always
+what a read returns, never a write that races the stream's end (which gRPC
+reports as "RPC already finished" or an INTERNAL error, losing the status).
+"""
 
 from __future__ import annotations
 
@@ -14,13 +21,20 @@ class SampleText:
         self._start = start
         self._opened = False
 
+    async def open(self) -> None:
+        """Send the start and wait for the tokenizer to accept it; its refusal (AioRpcError) is raised here."""
+        if not self._opened:
+            self._opened = True
+            await self._exchange(tokenizer_pb2.DetokenizeRequest(start=self._start))
+
     async def push(self, token_ids: list[int], *, last: bool) -> tokenizer_pb2.DetokenizeResponse:
         """Every push is answered by exactly one response, so text stays aligned with its tokens."""
-        if not self._opened:
-            await self._call.write(tokenizer_pb2.DetokenizeRequest(start=self._start))
-            self._opened = True
+        await self.open()
         chunk = tokenizer_pb2.DetokenizeTokens(token_ids=token_ids, last=last)
-        await self._call.write(tokenizer_pb2.DetokenizeRequest(tokens=chunk))
+        return await self._exchange(tokenizer_pb2.DetokenizeRequest(tokens=chunk))
+
+    async def _exchange(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
+        await self._call.write(request)
         response = await self._call.read()
         if response is aio.EOF:
             raise Unavailable("tokenizer closed the detokenize stream early")

@@ -120,6 +120,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         # Compiled once per stream; a bad pattern fails the stream before any output.
         matcher = StopMatcher(start.stop, regexes=start.stop_regex, keep_stop=start.no_stop_trim)
         parser = OutputParser(start, self._reasoning_parser, self._tool_parser)
+        # Accepted: an empty answer to `start`. The caller writes tokens only after it, so it never
+        # writes to a stream this side already ended with a refusal (the refusal is what it reads).
+        yield tokenizer_pb2.DetokenizeResponse()
         ended = False
         async for message in requests:
             if message.WhichOneof("kind") != "tokens":

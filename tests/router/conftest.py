@@ -143,7 +143,9 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
     async def Detokenize(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         self.streams += 1
         async for request in request_iterator:
-            if request.WhichOneof("kind") == "tokens":
+            if request.WhichOneof("kind") == "start":
+                yield tokenizer_pb2.DetokenizeResponse()  # accepted
+            else:
                 yield tokenizer_pb2.DetokenizeResponse(text="".join(f"<{t}>" for t in request.tokens.token_ids))
 
 

@@ -52,6 +52,7 @@ async def detokenize(
     """One token per chunk, as the router sends them, stopping once a response says the sequence ended."""
     call = stub.Detokenize()
     await call.write(tokenizer_pb2.DetokenizeRequest(start=start))
+    assert await call.read() == tokenizer_pb2.DetokenizeResponse()  # the start is accepted with an empty answer
     responses = []
     for index, token_id in enumerate(ids):
         last = index == len(ids) - 1

@@ -73,6 +73,7 @@ async def detokenize(
 ) -> list[tokenizer_pb2.DetokenizeResponse]:
     call = stub.Detokenize()
     await call.write(tokenizer_pb2.DetokenizeRequest(start=start))
+    assert await call.read() == tokenizer_pb2.DetokenizeResponse()  # the start is accepted with an empty answer
     responses = []
     chunks = [ids[i : i + per_chunk] for i in range(0, len(ids), per_chunk)]
     for index, chunk in enumerate(chunks):
