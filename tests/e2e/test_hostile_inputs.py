@@ -5,10 +5,9 @@ JSON of the main routes (random values of right and wrong types, unicode with lo
 (c) a normal request is answered while attacks run. The gRPC edge (the router's public
 Inference service) gets invalid UTF-8 too.
 
-Rows owned by other parts of issue 18 are marked xfail(strict=False) with the owner; the
-memory and CPU bombs among them are sent at modest sizes (issue 18 reproduced them at
-n=2^32-1, 1,500-deep schemas, two range(15000) loops): big enough to be refused by the limits
-once they exist, small enough not to hurt a shared machine where they do not.
+The memory and CPU bombs are sent at modest sizes (issue 18 reproduced them at n=2^32-1,
+1,500-deep schemas, two range(15000) loops): big enough to be refused by the limits, small
+enough not to hurt a shared machine if a limit ever regresses.
 """
 
 from __future__ import annotations
@@ -35,10 +34,6 @@ TIMEOUT_S = 60.0
 BAD = "\ud800"
 CHAT = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-
-
-def _owned(part: str) -> Any:
-    return pytest.mark.xfail(strict=False, reason=f"owned by {part}")
 
 
 def _deep_schema(depth: int) -> str:
@@ -69,13 +64,12 @@ def assert_refused_cleanly(reply: httpx.Response, *words: str) -> None:
 # (route, body, words the error must name, marks). `words` empty: only "below 500, JSON error".
 CASES: list[Any] = [
     # Bounded work per request (the limits part): n / best_of above OpenAI's 128.
-    pytest.param("/v1/completions", {"prompt": "hi", "max_tokens": 1, "n": 200}, ["n"], id="n", marks=_owned("limits")),
+    pytest.param("/v1/completions", {"prompt": "hi", "max_tokens": 1, "n": 200}, ["n"], id="n"),
     pytest.param(
         "/v1/completions",
         {"prompt": "hi", "max_tokens": 1, "n": 1, "best_of": 200},
         ["best_of"],
         id="best_of",
-        marks=_owned("limits"),
     ),
     pytest.param(
         "/v1/chat/completions",
@@ -89,7 +83,6 @@ CASES: list[Any] = [
         },
         [],
         id="deep-schema",
-        marks=_owned("limits"),
     ),
     pytest.param(
         "/v1/chat/completions",
@@ -103,7 +96,6 @@ CASES: list[Any] = [
         },
         ["$ref"],
         id="recursive-ref",
-        marks=_owned("limits"),
     ),
     pytest.param(
         "/v1/chat/completions",
@@ -117,14 +109,12 @@ CASES: list[Any] = [
         },
         ["$ref"],
         id="file-ref",
-        marks=_owned("limits"),
     ),
     pytest.param(
         "/v1/completions",
         {"prompt": "hi", "max_tokens": 1, "stop": [""]},
         ["stop"],
         id="empty-stop",
-        marks=_owned("limits"),
     ),
     # Templates (the tokenizer part): slow loops, include/import/extends, bad kwargs, TypeError.
     pytest.param(
@@ -136,7 +126,6 @@ CASES: list[Any] = [
         },
         [],
         id="template-loops",
-        marks=_owned("tokenizer"),
     ),
     *[
         pytest.param(
@@ -144,7 +133,6 @@ CASES: list[Any] = [
             {"messages": CHAT, "max_tokens": 1, "chat_template": template},
             [],
             id=f"template-{name}",
-            marks=_owned("tokenizer"),
         )
         for name, template in [
             ("include", "{% include 'x.jinja' %}"),
@@ -158,14 +146,12 @@ CASES: list[Any] = [
         {"messages": CHAT, "max_tokens": 1, "chat_template_kwargs": {"messages": 5}},
         [],
         id="kwargs-messages",
-        marks=_owned("tokenizer"),
     ),
     pytest.param(
         "/v1/chat/completions",
         {"messages": CHAT, "max_tokens": 1, "chat_template_kwargs": {"tools": "x"}},
         [],
         id="kwargs-tools",
-        marks=_owned("tokenizer"),
     ),
     # A 1 MB prompt: far over the tiny model's context (400), and encoding it must not break anything.
     pytest.param("/v1/completions", {"prompt": "word " * 200_000, "max_tokens": 1}, [], id="1mb-prompt"),
