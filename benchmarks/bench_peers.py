@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -54,7 +55,7 @@ def run_server(server: Server, workloads: list[Workload], args: argparse.Namespa
         rows = []
         for workload in workloads:
             if use_vllm_client:
-                result = vllm_bench(server, workload, args.model, warmups=0 if args.smoke else 2)
+                result = vllm_bench(server, workload, args.model, warmups=args.warmups)
             else:
                 result = builtin_client(server, workload)
             rows.append(Row(server.name, server.precision, workload.name, result))
@@ -94,6 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated subset of {PRECISIONS}")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated subset of {list(WORKLOADS)}")
     parser.add_argument("--num-prompts", type=int, default=None, help="requests per workload (default: per workload)")
+    parser.add_argument("--warmups", type=int, default=2, help="requests sent before each measured workload")
     parser.add_argument("--smoke", action="store_true", help="Turnout float32 only, one tiny workload")
     parser.add_argument(
         "--client",
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         parser_error = "--client builtin is for --smoke only: measured runs use `vllm bench serve`"
         raise SystemExit(parser_error)
     if args.smoke:
-        args.servers, args.precisions, workloads = ["turnout"], ["float32"], [SMOKE]
+        args.servers, args.precisions, workloads, args.warmups = ["turnout"], ["float32"], [SMOKE], 0
     else:
         workloads = [WORKLOADS[w] for w in args.workloads]
     if args.num_prompts is not None:
@@ -137,12 +139,19 @@ def main(argv: list[str] | None = None) -> list[Row]:
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.log_dir or Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
+        failed = []
         for server in servers:
             print(f"{server.label}: starting", file=sys.stderr)
-            rows += run_server(server, workloads, args, log_dir)
+            try:
+                rows += run_server(server, workloads, args, log_dir)
+            except (subprocess.SubprocessError, RuntimeError, TimeoutError, OSError) as error:
+                # One broken server must not cost the others' numbers; its log says why.
+                failed.append(f"{server.label}: {error}")
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    if failed:
+        raise SystemExit("failed:\n" + "\n".join(failed))
     return rows
 
 
