@@ -57,6 +57,12 @@ def timed_steps_ms(engine: LLMEngine, steps: int) -> float:
     return 1000 * (time.perf_counter() - start) / steps
 
 
+def sampled_steps(engine: LLMEngine, steps: int) -> None:
+    """The steps py-spy's samples are kept from (found by this function's name in their stacks)."""
+    for _ in range(steps):
+        engine.step()
+
+
 def profile_steps(engine: LLMEngine, steps: int, top: int) -> None:
     """Per-step split of torch.profiler's view: inside top-level torch ops vs outside them."""
     start = time.perf_counter()
@@ -85,7 +91,7 @@ def measure(args: argparse.Namespace, requests: int) -> None:
     step_ms = timed_steps_ms(engine, args.steps)
     print(f"{requests}-way decode step, {args.dtype}: {step_ms:.1f} ms ({requests * 1000 / step_ms:.0f} tok/s)")
     if args.no_torch_profiler:
-        timed_steps_ms(engine, args.steps * 10)  # what py-spy samples
+        sampled_steps(engine, args.steps * 4)
         return
     profile_steps(engine, args.steps, args.top)
     if args.mixed:
@@ -117,14 +123,15 @@ def run_py_spy(args: argparse.Namespace, argv: list[str]) -> None:
     child = [a for a in argv if a != "--py-spy"] + ["--no-torch-profiler"]
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "stacks.txt"
-        record = [str(py_spy()), "record", "--format", "raw", "--rate", "200", "--output", str(raw), "--"]
+        record = [str(py_spy()), "record", "--format", "raw", "--rate", "100", "--output", str(raw), "--"]
         subprocess.run([*record, sys.executable, "-m", "benchmarks.profile_decode", *child], check=True)
         leaves: collections.Counter[str] = collections.Counter()
         for line in raw.read_text().splitlines():
             stack, _, samples = line.rpartition(" ")
-            leaves[stack.split(";")[-1]] += int(samples)
+            if "sampled_steps" in stack:
+                leaves[stack.split(";")[-1]] += int(samples)
     total = sum(leaves.values())
-    print(f"py-spy: {total} samples (whole run: model load and prefill included); top leaf frames:")
+    print(f"py-spy: {total} samples of decode steps (all batch sizes); top leaf Python frames:")
     for frame, count in leaves.most_common(args.top):
         print(f"  {100 * count / total:5.1f}%  {frame}")
 
