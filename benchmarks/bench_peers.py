@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated subset of {list(WORKLOADS)}")
     parser.add_argument("--num-prompts", type=int, default=None, help="requests per workload (default: per workload)")
     parser.add_argument("--warmups", type=int, default=2, help="requests sent before each measured workload")
+    parser.add_argument(
+        "--llama-threads", type=int, default=None, help="llama-server's -t (default: every core; 1 on a busy machine)"
+    )
     parser.add_argument("--smoke", action="store_true", help="Turnout float32 only, one tiny workload")
     parser.add_argument(
         "--client",
@@ -116,6 +119,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[Row]:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per health poll
     args = parse_args(argv)
     if args.model is None:
         from turnout.default_model import prepare_default_model
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         args.client = "vllm"
         peer_installs.install_vllm()
     # Install and build everything first, so no server waits on a build.
-    servers = [prepare(s, args.model, p) for s in args.servers for p in args.precisions]
+    servers = [prepare(s, args.model, p, args.llama_threads) for s in args.servers for p in args.precisions]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.log_dir or Path(tmp)

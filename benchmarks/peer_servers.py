@@ -110,15 +110,18 @@ def vllm_server(model: Path, precision: str) -> Server:
     return Server("vllm", precision, argv, "--port", env=VLLM_ENV)
 
 
-def llama_server(model: Path, precision: str) -> Server:
+def llama_server(model: Path, precision: str, threads: int | None = None) -> Server:
+    """`threads` defaults to every core; on a busy machine its threads spin waiting on each other,
+    and 1 thread is the only way to get a smoke pass through in reasonable time."""
     gguf = peer_installs.gguf_path(model, precision)
     # One slot per concurrent request, each with room for the longest request (`-c` is split over slots).
     argv = [str(peer_installs.llama_server_path()), "-m", str(gguf), "--alias", SERVED_NAME, "--host", "127.0.0.1"]
-    argv += ["-t", str(os.cpu_count() or 1), "-np", str(MAX_CONCURRENCY), "-c", str(MAX_CONCURRENCY * MAX_MODEL_LEN)]
+    argv += ["-t", str(threads or os.cpu_count() or 1)]
+    argv += ["-np", str(MAX_CONCURRENCY), "-c", str(MAX_CONCURRENCY * MAX_MODEL_LEN)]
     return Server("llama.cpp", precision, argv, "--port", startup_timeout_s=600.0)
 
 
-def prepare(server: str, model: Path, precision: str) -> Server:
+def prepare(server: str, model: Path, precision: str, llama_threads: int | None = None) -> Server:
     """Install what `server` needs (skipped when cached) and describe it; starts nothing."""
     if server == "turnout":
         return turnout_server(model, precision)
@@ -128,5 +131,5 @@ def prepare(server: str, model: Path, precision: str) -> Server:
     if server == "llama.cpp":
         peer_installs.build_llama_server()
         peer_installs.convert_gguf(model, precision)
-        return llama_server(model, precision)
+        return llama_server(model, precision, llama_threads)
     raise ValueError(f"unknown server {server!r}; choose from {', '.join(SERVERS)}")
