@@ -94,21 +94,28 @@ def vllm_bench(server: Server, workload: Workload, tokenizer: Path, warmups: int
         argv += ["--tokenizer", str(tokenizer), *workload.bench_args(), "--ignore-eos", "--temperature", "0"]
         argv += ["--num-prompts", str(workload.num_prompts), "--max-concurrency", str(workload.concurrency)]
         argv += ["--num-warmups", str(warmups), "--percentile-metrics", "ttft,tpot", "--disable-tqdm"]
-        argv += ["--save-result", "--result-dir", tmp, "--result-filename", "result.json", "--seed", "0"]
+        argv += ["--save-result", "--save-detailed", "--result-dir", tmp, "--result-filename", "result.json"]
+        argv += ["--seed", "0"]
         if server.name == "llama.cpp":
             argv += ["--header", "Connection=close"]  # llama-server closes kept-alive connections
         subprocess.run(argv, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=3600)
         data = json.loads((Path(tmp) / "result.json").read_text())
     tokens = int(data["total_output_tokens"])
+    median_tpot_ms = float(data["median_tpot_ms"])
     if server.name == "llama.cpp":
         # The warm-ups are logged too: they ran before the measured requests, with the same lengths.
         tokens = _llama_log_tokens(server.log_path, log_offset) - warmups * workload.output_len
+        # The client's TPOT divides by its re-tokenized count; with every request's count checked
+        # above (ignore_eos: all equal), divide by the real one instead.
+        if tokens == workload.num_prompts * workload.output_len:
+            decode_s = [e2e - ttft for e2e, ttft in zip(data["latencies"], data["ttfts"], strict=True)]
+            median_tpot_ms = 1000 * statistics.median(decode_s) / (workload.output_len - 1)
     return Result(
         output_tokens=tokens,
         expected_tokens=workload.num_prompts * workload.output_len,
         seconds=float(data["duration"]),
         median_ttft_ms=float(data["median_ttft_ms"]),
-        median_tpot_ms=float(data["median_tpot_ms"]),
+        median_tpot_ms=median_tpot_ms,
         completed=int(data["completed"]),
     )
 

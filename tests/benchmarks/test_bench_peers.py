@@ -32,7 +32,7 @@ def test_smoke_run_through_vllm_bench_serve(tiny_model_dir: Path) -> None:
 
 
 def _row(server: str, tok_s: float, tokens: int = 128) -> Row:
-    return Row(server, "float32", "w", Result(tokens, 128, 128 / tok_s, 10.0, 5.0, 1))
+    return Row(server, "float32", "w", Result(tokens, 128, tokens / tok_s, 10.0, 5.0, 1))
 
 
 def test_table_gives_turnout_over_each_peer_and_flags_wrong_token_counts() -> None:
