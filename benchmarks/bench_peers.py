@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
 
         args.model = prepare_default_model()
     if not args.smoke and args.client == "builtin":
-        parser_error = "--client builtin is for --smoke only: measured runs use `vllm bench serve`"
-        raise SystemExit(parser_error)
+        raise SystemExit("--client builtin is for --smoke only: measured runs use `vllm bench serve`")
     if args.smoke:
         args.servers, args.precisions, workloads, args.warmups = ["turnout"], ["float32"], [SMOKE], 0
     else:
@@ -149,8 +148,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
             try:
                 rows += run_server(server, workloads, args, log_dir)
             except (subprocess.SubprocessError, RuntimeError, TimeoutError, OSError) as error:
-                # One broken server must not cost the others' numbers; its log says why.
+                # One broken server must not cost the others' numbers; the end of its log says why.
                 failed.append(f"{server.label}: {error}")
+                if server.log_path is not None and server.log_path.exists():
+                    print(server.log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
