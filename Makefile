@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda bench-soak
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda bench-soak bench-peers
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -66,6 +66,12 @@ bench-cuda: install
 # any 5xx or transport error (docs/benchmarks.md). ARGS="--model PATH --smoke" checks it in seconds.
 bench-soak: model
 	$(PY) -m benchmarks.bench_soak $(ARGS)
+
+# Turnout vs vLLM's CPU build and llama.cpp's llama-server, same model, same `vllm bench serve` client,
+# one server at a time (docs/benchmarks.md). Installs the peers once into ~/.cache/turnout/peers, never
+# into this venv. ARGS=--servers turnout,vllm --workloads c1 --num-prompts 4 runs a subset.
+bench-peers: model
+	$(PY) -m benchmarks.bench_peers $(ARGS)
 
 bench: bench-engine bench-router
 

@@ -14,7 +14,7 @@ from gateway.router_client import RouterClient
 from services.router.tokenizer_pool import TokenizerPool
 from turnout.child_processes import free_port
 from turnout.errors import Unavailable
-from turnout.grpc_server import client_channel as insecure_channel
+from turnout.grpc_server import client_channel
 from turnout.v1 import inference_pb2
 
 
@@ -64,7 +64,7 @@ async def test_tokenizer_pool_skips_a_replica_that_is_down() -> None:
 async def test_gateway_waits_for_a_restarting_router_then_answers_503_naming_it() -> None:
     port = free_port()
     address = f"127.0.0.1:{port}"
-    channel = insecure_channel(address)
+    channel = client_channel(address)
     client = RouterClient.on_channel(channel, None, address=address, ready_timeout_s=0.5)
     try:
         with pytest.raises(HTTPError) as refused:

@@ -11,7 +11,7 @@ import httpx
 from grpc import aio
 
 from tests.gateway.conftest import FakeRouter
-from turnout.grpc_server import insecure_channel, make_server
+from turnout.grpc_server import client_channel, make_server
 from turnout.v1 import inference_pb2, inference_pb2_grpc
 
 
@@ -37,7 +37,7 @@ async def test_a_burst_of_2000_calls_is_not_shed_by_grpc_core() -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        async with insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with client_channel(f"127.0.0.1:{port}") as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
 
             async def one() -> str:

@@ -18,7 +18,7 @@ from services.tokenizer.config import TokenizerLimits
 from services.tokenizer.service import TokenizerServicer
 from services.tokenizer.text_tokenizer import TextTokenizer
 from turnout.errors import StatusInterceptor
-from turnout.grpc_server import CHANNEL_OPTIONS, insecure_channel
+from turnout.grpc_server import CHANNEL_OPTIONS, client_channel
 from turnout.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 # Two nested range(15000) loops: ~37 s of rendering before the sandbox (the template).
@@ -52,7 +52,7 @@ async def stub(servicer: TokenizerServicer) -> AsyncIterator[tokenizer_pb2_grpc.
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    async with insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with client_channel(f"127.0.0.1:{port}") as channel:
         yield tokenizer_pb2_grpc.TokenizerStub(channel)
     await server.stop(0)
 
