@@ -226,8 +226,8 @@ async def read_stream(response: httpx.Response, call: Call, tally: Tally) -> Non
     tally.add(call, "stream error", f"stream ended without [DONE] after {events} events")
 
 
-def child_pids(pid: int) -> list[int]:
-    """All descendants of `pid`, from /proc (Linux)."""
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process's direct children, from /proc (Linux)."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -239,6 +239,12 @@ def child_pids(pid: int) -> list[int]:
         # The command name in parentheses may hold spaces: the fields after its last ")" are fixed.
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         parents.setdefault(ppid, []).append(int(entry.name))
+    return parents
+
+
+def child_pids(pid: int, parents: dict[int, list[int]] | None = None) -> list[int]:
+    """All descendants of `pid`."""
+    parents = _children_by_parent() if parents is None else parents
     found, todo = [], [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
@@ -247,21 +253,46 @@ def child_pids(pid: int) -> list[int]:
     return found
 
 
+def process_rss(pid: int) -> tuple[str, int] | None:
+    """(name, resident bytes) of one process, named by its `turnout` subcommand; None once it is gone."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    name = next((arg for arg in argv if arg in ("serve", "engine", "tokenizer", "router", "gateway")), argv[0])
+    name = "launcher" if name == "serve" else name
+    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return name, kib * 1024
+
+
 def service_rss(launcher_pid: int) -> dict[str, int]:
     """Resident bytes of the launcher and each service process, named by its `turnout` subcommand."""
     rss: dict[str, int] = {}
     for pid in [launcher_pid, *child_pids(launcher_pid)]:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
+        found = process_rss(pid)
+        if found is None:
             continue
-        name = next((arg for arg in argv if arg in ("serve", "engine", "tokenizer", "router", "gateway")), argv[0])
-        name = "launcher" if name == "serve" else name
-        kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        name, size = found
         key = name if name not in rss else f"{name} (pid {pid})"
-        rss[key] = kib * 1024
+        rss[key] = size
     return rss
+
+
+def service_tree_rss(launcher_pid: int) -> dict[str, int]:
+    """Resident bytes of each service of the launcher together with its own workers (grammar
+    compilers, template renderers), named by the service."""
+    parents = _children_by_parent()
+    totals: dict[str, int] = {}
+    for service in parents.get(launcher_pid, []):
+        found = process_rss(service)
+        if found is None:
+            continue
+        name = found[0]
+        for pid in [service, *child_pids(service, parents)]:
+            member = process_rss(pid)
+            totals[name] = totals.get(name, 0) + (member[1] if member else 0)
+    return totals
 
 
 class Stack:
