@@ -86,6 +86,9 @@ class RenderPool:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
+            # Its own session: a terminal's Ctrl-C goes to the tokenizer, which ends its workers (closing
+            # their stdin, or killing them); a worker also ends when the tokenizer dies (stdin at EOF).
+            start_new_session=True,
         )
         worker = _Worker(process)
         self._all.add(worker)

@@ -78,7 +78,8 @@ def test_a_recursive_schema_through_a_real_schema_is_served(http: httpx.Client) 
     ("params", "message"),
     [
         ({"stop": [""]}, "stop[0] is empty"),
-        ({"stop_regex": ["a", ""]}, "stop_regex[1] is empty"),
+        # The tokenizer's stop matcher, which sees the request before the engine, names it first.
+        ({"stop_regex": ["a", ""]}, "stop_regex '' matches the empty string"),
         ({"n": 4294967295}, "--max-n"),
         ({"json_schema": '{"$ref": "https://example.com/schema.json"}'}, "is not a local reference"),
     ],

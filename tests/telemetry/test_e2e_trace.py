@@ -42,11 +42,13 @@ def test_trace_context_crosses_every_process(
         reply = httpx.post(f"{stack.base_url}/v1/completions", json=body, timeout=60)
         assert reply.status_code == 200, reply.text
         urls = dict(re.findall(r"  (\w+) metrics: (http://\S+/metrics)", log_path.read_text()))
-        assert set(urls) == {"engine", "tokenizer", "router"}
+        # The launcher serves its own (restart counts) beside the three gRPC services'.
+        assert set(urls) == {"engine", "tokenizer", "router", "launcher"}
         engine_metrics = httpx.get(urls["engine"], timeout=5).text
         assert 'turnout_engine_requests_total{finish_reason="length"} 1.0' in engine_metrics
         assert "turnout_router_requests_total" in httpx.get(urls["router"], timeout=5).text
         assert "turnout_tokenizer_requests_total" in httpx.get(urls["tokenizer"], timeout=5).text
+        assert "turnout_launcher_child_restarts_total" in httpx.get(urls["launcher"], timeout=5).text
     finally:
         stack.stop()  # every service exports its queued spans as it exits
 

@@ -51,6 +51,10 @@ class WorkerDied(Exception):
 class CompileWorker:
     def __init__(self, tokenizer_info_json: str, build: Build) -> None:
         context = multiprocessing.get_context("spawn")
+        # Set before the process is killed: once set, the worker is never used again. `is_alive()` alone
+        # cannot say so, since two threads reaping one process (the killer's join and the slot's poll)
+        # can leave the loser believing it still runs.
+        self._killed = False
         self._conn, child = context.Pipe()
         self.process = context.Process(
             target=_serve, args=(child, tokenizer_info_json, build), name="grammar-compile", daemon=True
@@ -68,7 +72,7 @@ class CompileWorker:
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return not self._killed and self.process.is_alive()
 
     def compile(self, constraint: Constraint, timeout_s: float) -> str:
         """The serialized compiled grammar. InvalidArgument: it does not compile; CompileTimeout: it took
@@ -88,12 +92,15 @@ class CompileWorker:
 
     def kill(self) -> None:
         """SIGKILL (safe from any thread): a compile in progress ends with WorkerDied."""
+        self._killed = True
         with contextlib.suppress(OSError, ValueError):
             self.process.kill()
             self.process.join(timeout=10)
 
 
 def _serve(conn: Connection, tokenizer_info_json: str, build: Build) -> None:
+    # The engine ends its workers; a terminal's Ctrl-C, sent to the whole process group, is the engine's.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     import xgrammar as xgr
