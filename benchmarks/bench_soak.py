@@ -260,7 +260,12 @@ def process_rss(pid: int) -> tuple[str, int] | None:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    name = next((arg for arg in argv if arg in ("serve", "engine", "tokenizer", "router", "gateway")), argv[0])
+    name = next((arg for arg in argv if arg in ("serve", "engine", "tokenizer", "router", "gateway")), None)
+    if name is None:  # a service's worker: `-m module` (template renderers) or `-c` (multiprocessing's spawn)
+        if "-m" in argv[:-1]:
+            name = argv[argv.index("-m") + 1]
+        else:
+            name = "multiprocessing worker" if "-c" in argv else argv[0]
     name = "launcher" if name == "serve" else name
     kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
     return name, kib * 1024
