@@ -15,6 +15,7 @@ standard health service is open (load balancers and probes carry no credential).
 from __future__ import annotations
 
 import enum
+import functools
 import hmac
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -22,6 +23,7 @@ from typing import Any, cast
 import grpc
 from grpc import aio
 
+from turnout.metadata_channel import MetadataChannel
 from turnout.security import ClientCredentials, ServiceSecurity
 
 
@@ -169,45 +171,11 @@ def _with_bearer(metadata: Any, bearer: str) -> Any:
     return aio.Metadata(*(metadata or ()), ("authorization", f"Bearer {bearer}"))
 
 
-class _Authorizing:
-    __slots__ = ("_bearer", "_inner")
-
-    def __init__(self, inner: Any, bearer: str) -> None:
-        self._inner = inner
-        self._bearer = bearer
-
-    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
-        return self._inner(*args, metadata=_with_bearer(metadata, self._bearer), **kwargs)
-
-
-class AuthorizedChannel:
-    """An asyncio channel whose calls carry `authorization: Bearer <bearer>` unless they set their own
-    (a wrapper rather than grpc.aio client interceptors, for the reason `TracingChannel` gives)."""
+class AuthorizedChannel(MetadataChannel):
+    """An asyncio channel whose calls carry `authorization: Bearer <bearer>` unless they set their own."""
 
     def __init__(self, channel: aio.Channel, bearer: str) -> None:
-        self._channel = channel
-        self._bearer = bearer
-
-    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
-        return _Authorizing(self._channel.unary_unary(*args, **kwargs), self._bearer)
-
-    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return _Authorizing(self._channel.unary_stream(*args, **kwargs), self._bearer)
-
-    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
-        return _Authorizing(self._channel.stream_unary(*args, **kwargs), self._bearer)
-
-    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return _Authorizing(self._channel.stream_stream(*args, **kwargs), self._bearer)
-
-    async def __aenter__(self) -> AuthorizedChannel:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._channel.close()
-
-    def __getattr__(self, name: str) -> Any:  # close(), get_state(), channel_ready(), ...
-        return getattr(self._channel, name)
+        super().__init__(channel, functools.partial(_with_bearer, bearer=bearer))
 
 
 def async_channel(address: str, credentials: ClientCredentials | None, options: list[tuple[str, Any]]) -> aio.Channel:
