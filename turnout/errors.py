@@ -8,6 +8,7 @@ never the traceback.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -68,7 +69,16 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callabl
     return handler
 
 
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str) -> Callable[..., AsyncIterator[Any]]:
+def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    if not inspect.isasyncgenfunction(behavior):
+        # A coroutine that answers through context.write (grpcio's Health.Watch): awaited, not iterated.
+        return _wrap_unary(behavior, method)
+    return _wrap_stream_generator(behavior, method)
+
+
+def _wrap_stream_generator(
+    behavior: Callable[..., AsyncIterator[Any]], method: str
+) -> Callable[..., AsyncIterator[Any]]:
     async def handler(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         try:
             async for item in behavior(_checked(request), context):

@@ -24,6 +24,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
+from grpc import aio
 from opentelemetry import trace
 
 from services.router import dispatch
@@ -31,7 +32,7 @@ from services.router.engine_pool import EnginePool
 from services.router.logprob_text import fill_texts
 from services.router.prompt import Prompt, encode_prompt, encode_sampling_strings
 from services.router.sample_text import SampleText
-from services.router.tokenizer_pool import TokenizerPool
+from services.router.tokenizer_pool import TokenizerPool, is_unreachable
 from services.router.tool_constraint import constrain_for_tools
 from turnout.telemetry.request_context import set_request_id
 from turnout.v1 import common_pb2, engine_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
@@ -58,13 +59,34 @@ def _asks_logprobs(options: common_pb2.LogprobOptions) -> bool:
 async def generate(
     request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizers: TokenizerPool
 ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    """The request's responses. A tokenizer that went away before anything was sent (it died
+    after it was picked) costs one more try on a newly picked one; later, a clear UNAVAILABLE."""
+    for attempt in range(2):
+        sent = False
+        try:
+            async for response in _generate_once(request, engines, await tokenizers.pick()):
+                sent = True
+                yield response
+            return
+        except aio.AioRpcError as exc:
+            # Engine failures reach here as TurnoutErrors (dispatch) or as non-retryable codes, so an
+            # UNAVAILABLE before output is the tokenizer's.
+            if not is_unreachable(exc):
+                raise
+            if sent or attempt:
+                raise tokenizers.lost(exc) from None
+            log.warning("tokenizer unreachable before output; trying again", extra={"error": exc.details()})
+
+
+async def _generate_once(
+    request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizer: tokenizer_pb2_grpc.TokenizerStub
+) -> AsyncIterator[inference_pb2.GenerateResponse]:
     # The caller's id is shown (logs, traces, the tokenizer's logs); the engine keys requests by a
     # unique one, so two concurrent requests may share an id (as in vLLM).
     request_id = request.request_id or uuid.uuid4().hex
     engine_request_id = f"{request_id}-{uuid.uuid4().hex[:12]}" if request.request_id else request_id
     set_request_id(request_id)
     model = engines.model_info(request.model)
-    tokenizer = await tokenizers.pick()
     # Checked before any tokenizer or engine work: a bad tool request costs nothing.
     params = constrain_for_tools(request, request.sampling_params)
     prompt = await encode_prompt(request, tokenizer)
@@ -230,7 +252,11 @@ class _Samples:
         engine = self._call.engine if self._call is not None else None
         if len(self._ended) < self._num_samples and engine is not None:
             # Only this sample is over: free its KV blocks while the others go on.
-            await engine.stub.Abort(engine_pb2.AbortRequest(request_id=request_id, indices=[chunk.index]))
+            try:
+                await engine.stub.Abort(engine_pb2.AbortRequest(request_id=request_id, indices=[chunk.index]))
+            except aio.AioRpcError as exc:
+                # Best effort: an engine that cannot take it fails its stream too, which dispatch reports.
+                log.warning("abort of a finished sample failed", extra={"error": exc.details()})
 
     async def _on_complete(self, done: engine_pb2.EngineComplete) -> AsyncIterator[inference_pb2.GenerateResponse]:
         self._input_logprobs = self._input_logprobs or list(done.input_logprobs)

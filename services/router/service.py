@@ -11,7 +11,7 @@ from services.router.generation import generate
 from services.router.metrics import RequestMetrics
 from services.router.tokenizer_pool import TokenizerPool
 from turnout.errors import InvalidArgument
-from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, tokenizer_pb2
+from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -39,7 +39,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise InvalidArgument("a tokenize request needs `text` or `chat`")
         if request.HasField("add_special_tokens"):
             encode.add_special_tokens = request.add_special_tokens
-        tokenizer = await self._tokenizers.pick()
+        return await self._tokenizers.retrying(lambda tokenizer: self._tokenize(tokenizer, request, encode, model))
+
+    @staticmethod
+    async def _tokenize(
+        tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+        request: inference_pb2.TokenizeRequest,
+        encode: tokenizer_pb2.EncodeRequest,
+        model: common_pb2.ModelInfo,
+    ) -> inference_pb2.TokenizeResponse:
         reply = await tokenizer.Encode(encode)
         response = inference_pb2.TokenizeResponse(
             input_ids=reply.input_ids, prompt_text=reply.prompt_text, max_model_len=model.max_context_length
@@ -56,7 +64,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         decode = tokenizer_pb2.DecodeRequest(token_ids=request.token_ids)
         if request.HasField("skip_special_tokens"):
             decode.skip_special_tokens = request.skip_special_tokens
-        reply = await (await self._tokenizers.pick()).Decode(decode)
+        reply = await self._tokenizers.retrying(lambda tokenizer: tokenizer.Decode(decode))
         return inference_pb2.DetokenizeTextResponse(text=reply.text)
 
     async def ListModels(

@@ -2,18 +2,33 @@
 
 A replica that is down (restarting) is skipped; while none is reachable, a request waits up to
 `ready_timeout_s` for one to come back, then fails with UNAVAILABLE naming them.
+
+A replica can also die between the pick and a call on it (its channel still looked connected):
+the call fails UNAVAILABLE with gRPC's transport text. Work that has sent nothing to the caller
+yet is then tried once more on a freshly picked replica (`retrying`); otherwise `lost` turns the
+failure into an error that names the tokenizer instead of a socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+from grpc import aio
 
 from turnout.channel_ready import first_ready
 from turnout.errors import Unavailable
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
 from turnout.v1 import tokenizer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class TokenizerPool:
@@ -39,5 +54,28 @@ class TokenizerPool:
             )
         return self._stubs[index]
 
+    def lost(self, exc: aio.AioRpcError) -> Unavailable:
+        """The error a caller sees when a tokenizer went away during its request."""
+        log.warning("tokenizer call failed", extra={"error": f"{exc.code().name}: {exc.details()}"})
+        return Unavailable(
+            f"the tokenizer ({', '.join(self._addresses)}) went away during the request (restarting?); retry it"
+        )
+
+    async def retrying(self, use: Callable[[tokenizer_pb2_grpc.TokenizerStub], Awaitable[T]]) -> T:
+        """`use(stub)`, tried once more on a newly picked replica when the first one was unreachable."""
+        for attempt in range(2):
+            try:
+                return await use(await self.pick())
+            except aio.AioRpcError as exc:
+                if not is_unreachable(exc):
+                    raise
+                if attempt:
+                    raise self.lost(exc) from None
+        raise AssertionError("unreachable")
+
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels))
+
+
+def is_unreachable(exc: aio.AioRpcError) -> bool:
+    return exc.code() is grpc.StatusCode.UNAVAILABLE
