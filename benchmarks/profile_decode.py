@@ -35,10 +35,18 @@ from services.engine.llm_engine import LLMEngine
 PY_SPY_VERSION = "0.4.3"
 
 
-def prefilled_engine(model: Path, requests: int, dtype: str, prompt_len: tuple[int, int]) -> LLMEngine:
+def prefilled_engine(
+    model: Path, requests: int, dtype: str, prompt_len: tuple[int, int], attention_backend: str = "auto"
+) -> LLMEngine:
     """An engine with `requests` requests whose prompts are all computed: every next step decodes."""
     # A 256-token budget: a mixed step is the running decodes plus one ~190-token prefill chunk.
-    config = EngineConfig(model=model, dtype=dtype, max_running_requests=requests + 4, max_num_batched_tokens=256)
+    config = EngineConfig(
+        model=model,
+        dtype=dtype,
+        attention_backend=attention_backend,
+        max_running_requests=requests + 4,
+        max_num_batched_tokens=256,
+    )
     engine = LLMEngine(config)
     prompts = make_prompts(requests, *prompt_len, seed=0, vocab=engine.loaded.vocab_size)
     for request in engine_requests(engine, prompts, 400, "x"):
@@ -86,10 +94,12 @@ def profile_steps(engine: LLMEngine, steps: int, top: int) -> None:
 
 def measure(args: argparse.Namespace, requests: int) -> None:
     prompt_len = (32, 256) if requests > 1 else (128, 128)
-    engine = prefilled_engine(args.model, requests, args.dtype, prompt_len)
+    engine = prefilled_engine(args.model, requests, args.dtype, prompt_len, args.attention_backend)
     timed_steps_ms(engine, 3)  # warm up
     step_ms = timed_steps_ms(engine, args.steps)
-    print(f"{requests}-way decode step, {args.dtype}: {step_ms:.1f} ms ({requests * 1000 / step_ms:.0f} tok/s)")
+    rate = requests * 1000 / step_ms
+    what = f"{requests}-way decode step, {args.dtype}, {args.attention_backend} attention"
+    print(f"{what}: {step_ms:.1f} ms ({rate:.0f} tok/s)")
     if args.no_torch_profiler:
         sampled_steps(engine, args.steps * 4)
         return
@@ -142,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--requests", default="16,1", help="comma-separated decode batch sizes")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--attention-backend", default="auto", help="as the engine's flag (auto: cpu kernel)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=12, help="rows of the op / frame tables")
     parser.add_argument("--mixed", action="store_true", help="also time a decode step carrying a prefill chunk")

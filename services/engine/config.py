@@ -17,7 +17,7 @@ POLICIES = ("fcfs", "priority")
 SAMPLING_DEFAULTS = ("model", "openai")
 LOGPROBS_MODES = ("processed", "raw")
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 SAMPLING_BACKENDS = ("auto", "torch", "triton")
 # vLLM's name for the CPU KV pool in GiB, honoured as an alias of --kv-cache-memory (0: unset, as in vLLM).
 KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -52,7 +52,8 @@ class EngineConfig:
     port: int = 50051
     device: str = "auto"
     dtype: str = "auto"
-    # Paged attention implementation: `auto` is triton on CUDA, torch on CPU.
+    # Paged attention implementation: `auto` is triton on CUDA; on CPU the C++ decode kernel (`cpu`)
+    # when it builds and serves the dtype, else torch.
     attention_backend: str = "auto"
     # The sampler's final draw for batches without seeded rows: `auto` is the fused Triton kernel on
     # CUDA, torch on CPU (SGLang's --sampling-backend).

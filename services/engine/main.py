@@ -30,7 +30,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--attention-backend",
         default="auto",
-        help="paged attention: auto (triton on CUDA, torch on CPU), torch, or triton",
+        help="paged attention: auto (triton on CUDA; on CPU the C++ kernel, else torch), torch, triton, or cpu",
     )
     parser.add_argument(
         "--sampling-backend",

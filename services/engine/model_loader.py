@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
+from services.engine import cpu_kernels
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.config import EngineConfig
 from services.engine.kernels import triton_runs_on
-from services.engine.models.layers import enable_fused_kernels
+from services.engine.models.layers import enable_fused_kernels, pack_linears
 from services.engine.models.weights import build_model
 from turnout.v1 import common_pb2
 
@@ -60,6 +61,13 @@ class LoadedModel:
         cache = KVCache(
             self.num_layers, num_blocks, block_size, self.num_kv_heads, self.head_dim, self.dtype, self.device
         )
+        if chosen == "cpu":
+            from services.engine.attention.cpu_backend import CpuAttentionBackend
+            from services.engine.cpu_kernels import load
+
+            kernels = load()
+            assert kernels is not None  # _attention_backend chose cpu because it loads
+            return CpuAttentionBackend(cache, scale=self.head_dim**-0.5, kernels=kernels)
         if chosen == "triton":
             from services.engine.attention.triton_backend import TritonAttentionBackend
 
@@ -69,6 +77,8 @@ class LoadedModel:
     def _attention_backend(self, name: str) -> str:
         """`auto`: triton on CUDA when its kernels serve this model, else torch. Checked before the
         cache is allocated; the triton module (and Triton itself) is imported only when usable."""
+        if name == "cpu" or (name == "auto" and self.device.type == "cpu"):
+            return self._cpu_backend(name)
         if name == "torch" or (name == "auto" and self.device.type != "cuda"):
             return "torch"
         if not triton_runs_on(self.device):
@@ -85,6 +95,22 @@ class LoadedModel:
         if name == "triton":
             raise ValueError(f"--attention-backend triton: {reason}")
         log.warning("attention backend: torch, not triton", extra={"reason": reason})
+        return "torch"
+
+    def _cpu_backend(self, name: str) -> str:
+        """`cpu` when the C++ kernels serve this device and dtype and build here; `auto` falls back to torch."""
+        from services.engine.attention.cpu_backend import DTYPES
+        from services.engine.cpu_kernels import load
+
+        if self.device.type != "cpu" or self.dtype not in DTYPES:
+            reason = f"needs a CPU device and float32 or bfloat16 (got {self.device}, {self.dtype})"
+        elif load() is None:
+            reason = "the CPU kernels could not be built (see the log line above)"
+        else:
+            return "cpu"
+        if name == "cpu":
+            raise ValueError(f"--attention-backend cpu: {reason}")
+        log.info("attention backend: torch", extra={"reason": reason})
         return "torch"
 
     @property
@@ -109,13 +135,21 @@ def pick_device(name: str) -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device, checkpoint_dtype: object = None) -> torch.dtype:
-    """`auto`: float32 on CPU; on CUDA the checkpoint's own half-precision dtype, else bfloat16."""
+    """`auto`: on CUDA the checkpoint's own half-precision dtype, else bfloat16; on a CPU with
+    bfloat16 instructions (avx512_bf16 or AMX) bfloat16, as vLLM's CPU build; float32 elsewhere."""
     if name != "auto":
         return _DTYPES[name]
     if device.type != "cuda":
-        return torch.float32
+        return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else torch.float32
     declared = str(checkpoint_dtype).removeprefix("torch.")
     return torch.float16 if declared == "float16" else torch.bfloat16
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (its matmuls then run at twice float32's rate
+    on half the memory traffic); without it torch emulates bfloat16, slower than float32."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -126,6 +160,10 @@ def load_model(config: EngineConfig) -> LoadedModel:
     model, hf_config = build_model(config.model, dtype, device)
     if device.type == "cuda":
         enable_fused_kernels(model)  # RMSNorm and rotary as Triton kernels; CPU keeps the torch ops
+    elif device.type == "cpu":
+        # oneDNN's layout once instead of a repack inside every matmul; decodes of a few
+        # sequences through the C++ small-batch kernel when it builds here.
+        pack_linears(model, cpu_kernels.load())
     context = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:
         if config.max_model_len > context:

@@ -44,7 +44,7 @@ def test_config_json_builds_the_model_that_was_counted(key: str, tmp_path: Path)
 def test_random_model_runs_in_the_engine_without_tokenizer_files(tmp_path: Path) -> None:
     folder = write_model_folder(SHAPES["tiny"], tmp_path)
     assert [p.name for p in folder.iterdir()] == ["config.json"]
-    config = EngineConfig(model=folder, num_kv_blocks=32, max_model_len=256)
+    config = EngineConfig(model=folder, num_kv_blocks=32, max_model_len=256, dtype="float32")
     loaded = random_loaded_model(config, seed=1)
     params = dict(loaded.model.named_parameters())
     assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params.values())

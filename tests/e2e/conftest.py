@@ -23,6 +23,10 @@ def default_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         tmp_path_factory.mktemp("logs") / "default-stack.log",
         "--served-model-name",
         "SmolLM2-135M-Instruct",
+        # float32 on every CPU: tests here hold this model's own outputs (JSON it completes, texts
+        # transformers produces), which bfloat16 (`auto` on a CPU with avx512_bf16) changes.
+        "--dtype",
+        "float32",
         # Tool calls in the Hermes / Qwen2.5 format; processors the tests send as code.
         "--tool-call-parser",
         "hermes",

@@ -21,7 +21,7 @@ PROMPT = (1, 504, 3575, 282, 4649, 314)
 
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(EngineConfig(model=tiny_model_dir))
+    return load_model(EngineConfig(model=tiny_model_dir, dtype="float32"))
 
 
 @pytest.fixture
@@ -158,10 +158,23 @@ def test_model_info_reads_the_folder(loaded: LoadedModel, tiny_model_dir: Path) 
         ("float16", "cpu", "bfloat16", torch.float16),
     ],
 )
-def test_dtype_choice(name: str, device: str, declared: str, expected: torch.dtype) -> None:
-    from services.engine.model_loader import pick_dtype
+def test_dtype_choice(
+    name: str, device: str, declared: str, expected: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.engine import model_loader
 
-    assert pick_dtype(name, torch.device(device), declared) == expected
+    monkeypatch.setattr(model_loader, "cpu_has_bf16", lambda: False)
+    assert model_loader.pick_dtype(name, torch.device(device), declared) == expected
+
+
+@pytest.mark.parametrize(("has_bf16", "expected"), [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_is_bfloat16_on_a_cpu_that_has_it(
+    has_bf16: bool, expected: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.engine import model_loader
+
+    monkeypatch.setattr(model_loader, "cpu_has_bf16", lambda: has_bf16)
+    assert model_loader.pick_dtype("auto", torch.device("cpu"), "float32") == expected
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

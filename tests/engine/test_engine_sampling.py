@@ -22,7 +22,7 @@ PROMPT = tuple(range(100, 137))  # 37 tokens: two full blocks of 16 and a partia
 
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(EngineConfig(model=tiny_model_dir))
+    return load_model(EngineConfig(model=tiny_model_dir, dtype="float32"))
 
 
 @pytest.fixture(scope="module")

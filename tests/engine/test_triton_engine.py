@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from services.engine.attention.context import ForwardContext
+from services.engine.attention.cpu_backend import CpuAttentionBackend
 from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.attention.triton_backend import TritonAttentionBackend
 from services.engine.config import EngineConfig
+from services.engine.cpu_kernels import load as load_cpu_kernels
 from services.engine.model_loader import LoadedModel, load_model
 from tests.engine.model_fixtures import build_tiny_checkpoint
 from tests.engine.test_engine_parity import make_engine, prompts, request, run
@@ -78,8 +80,13 @@ def record_batches(backend: object) -> list[ForwardContext]:
     return seen
 
 
+def cpu_auto_backend() -> type:
+    """`auto` on CPU: the C++ kernel's backend where it builds, else torch."""
+    return CpuAttentionBackend if load_cpu_kernels() is not None else TorchAttentionBackend
+
+
 def test_the_configured_backend_is_built(loaded: LoadedModel) -> None:
-    auto = TritonAttentionBackend if loaded.device.type == "cuda" else TorchAttentionBackend
+    auto = TritonAttentionBackend if loaded.device.type == "cuda" else cpu_auto_backend()
     assert type(loaded.make_backend(4, 4)) is auto
     assert type(loaded.make_backend(4, 4, "torch")) is TorchAttentionBackend
     assert type(loaded.make_backend(4, 4, "triton")) is TritonAttentionBackend
@@ -92,11 +99,11 @@ def test_unusable_triton_is_refused(loaded: LoadedModel, monkeypatch: pytest.Mon
     on_cpu = dataclasses.replace(loaded, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="needs a CUDA device, or TRITON_INTERPRET=1 on CPU"):
         on_cpu.make_backend(4, 4, "triton")
-    assert type(on_cpu.make_backend(4, 4, "auto")) is TorchAttentionBackend
+    assert type(on_cpu.make_backend(4, 4, "auto")) is cpu_auto_backend()
 
 
 def test_unknown_backend_names_are_refused(model_dir: Path) -> None:
-    with pytest.raises(ValueError, match="--attention-backend must be one of auto, torch, triton"):
+    with pytest.raises(ValueError, match="--attention-backend must be one of auto, torch, triton, cpu"):
         EngineConfig(model=model_dir, attention_backend="flash")
     with pytest.raises(ValueError, match="--sampling-backend must be one of auto, torch, triton"):
         EngineConfig(model=model_dir, sampling_backend="flashinfer")

@@ -13,7 +13,9 @@ does it on CUDA. The torch ops stay the default everywhere else and the referenc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -140,7 +142,53 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (T, H, D)
 
 
-class MergedLinear(nn.Linear):
+def _packable(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and weight.dim() == 2
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (out, in) reordered once into oneDNN's blocked layout for x @ weight.T, which
+    oneDNN then multiplies without repacking it on every call: 1.4-2x torch's plain linear on
+    CPU at batch 1-64 (docs/benchmarks.md)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+# Up to this many rows the small-batch kernel beats oneDNN's packed GEMM (at 1-2 rows it streams
+# the weights at ~28 GB/s against oneDNN's 17-23; at 4 they tie): docs/benchmarks.md.
+SMALL_BATCH_ROWS = 2
+
+
+@dataclass(frozen=True)
+class CpuWeight:
+    """A CPU linear layer's weight in the two forms its fast paths read."""
+
+    plain: torch.Tensor  # (out, in), the parameter itself: read by the small-batch kernel
+    packed: torch.Tensor  # oneDNN's blocked layout (pack_weight)
+    # cpu_kernels' small_batch_linear (None: not built here), for up to `small_rows` rows.
+    small_batch: Callable[..., torch.Tensor] | None
+    small_rows: int
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (T, in) @ weight.T (+ bias): a decode of a few sequences streams the plain weight
+        once through the small-batch kernel (~2x oneDNN there); larger batches go to oneDNN."""
+        if self.small_batch is not None and x.dim() == 2 and x.shape[0] <= self.small_rows:
+            return self.small_batch(x, self.plain, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
+class Linear(nn.Linear):
+    """nn.Linear that, once `pack_linears` has run (CPU), multiplies through `CpuWeight`.
+    The plain weight stays the parameter (loading, tests, the reference path)."""
+
+    cpu_weight: CpuWeight | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_weight is not None:
+            return self.cpu_weight.linear(x, self.bias)
+        return super().forward(x)
+
+
+class MergedLinear(Linear):
     """One Linear whose output rows are the concatenation of several checkpoint projections
     (`shard_names`, in order), so one matmul replaces several."""
 
@@ -179,7 +227,7 @@ class GatedMLP(nn.Module):
         super().__init__()
         sizes = (intermediate_size, intermediate_size)
         self.gate_up_proj = MergedLinear(hidden_size, sizes, ("gate_proj", "up_proj"), bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
@@ -196,10 +244,34 @@ class LMHead(nn.Module):
         if tied_to is None:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
 
+    cpu_weight: CpuWeight | None = None
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.tied_to[0].weight if self.tied_to else self.weight
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, hidden) -> logits (N, vocab) float32 (matmul in the model dtype, like transformers)."""
-        weight = self.tied_to[0].weight if self.tied_to else self.weight
-        return F.linear(hidden, weight).float()
+        if self.cpu_weight is not None:
+            return self.cpu_weight.linear(hidden, None).float()
+        return F.linear(hidden, self.head_weight).float()
+
+
+def pack_linears(model: nn.Module, kernels: ModuleType | None = None) -> int:
+    """Give every Linear and the LM head of a CPU model (float32 / bfloat16) its `CpuWeight`,
+    with `kernels` (services.engine.cpu_kernels) for small batches; returns how many. Each
+    packed copy costs the weight's size again (a tied head packs the embedding), the price of
+    not repacking inside every call."""
+    small_batch = kernels.small_batch_linear if kernels is not None else None
+    small_rows = min(SMALL_BATCH_ROWS, kernels.SMALL_BATCH_MAX_ROWS) if kernels is not None else 0
+    count = 0
+    for module in model.modules():
+        if isinstance(module, (Linear, LMHead)):
+            weight = module.weight if isinstance(module, Linear) else module.head_weight
+            if _packable(weight):
+                module.cpu_weight = CpuWeight(weight.detach(), pack_weight(weight), small_batch, small_rows)
+                count += 1
+    return count
 
 
 def enable_fused_kernels(model: nn.Module, enabled: bool = True) -> None:

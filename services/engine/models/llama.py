@@ -21,6 +21,7 @@ from torch import nn
 from services.engine.attention.context import ForwardContext
 from services.engine.models.layers import (
     GatedMLP,
+    Linear,
     LMHead,
     QKVLinear,
     RMSNorm,
@@ -68,7 +69,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.layer_index = layer_index
         self.qkv_proj = QKVLinear(spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.qkv_bias)
-        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=spec.o_bias)
+        self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=spec.o_bias)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
 

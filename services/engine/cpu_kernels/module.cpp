@@ -1,0 +1,11 @@
+// The extension module: one registration function per kernel file.
+
+#include <torch/extension.h>
+
+void register_paged_decode(pybind11::module& m);
+void register_small_batch_linear(pybind11::module& m);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_paged_decode(m);
+  register_small_batch_linear(m);
+}

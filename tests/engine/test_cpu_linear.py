@@ -1,0 +1,62 @@
+"""The CPU linear paths against torch's F.linear: the small-batch kernel (1-4 rows) and the
+oneDNN pre-packed weight, float32 and bfloat16, with and without bias, odd widths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.engine.cpu_kernels import load
+from services.engine.models.layers import Linear, LMHead, pack_linears
+
+kernels = load()
+
+# Both sides sum `in` float32 products in different orders: the error grows like sqrt(in) ulps
+# of the sum; bfloat16 outputs add their own rounding (8 bits of mantissa).
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.skipif(kernels is None, reason="the CPU kernels could not be built here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(("width", "bias"), [(576, False), (37, True), (1536, True)])
+def test_small_batch_linear_matches_f_linear(dtype: torch.dtype, rows: int, width: int, bias: bool) -> None:
+    generator = torch.Generator().manual_seed(rows * width)
+    x = torch.randn(rows, width, generator=generator).to(dtype)
+    weight = torch.randn(333, width, generator=generator).to(dtype)
+    b = torch.randn(333, generator=generator).to(dtype) if bias else None
+    got = kernels.small_batch_linear(x, weight, b)
+    want = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    assert got.dtype == dtype and got.shape == (rows, 333)
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype] * scale, rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.skipif(kernels is None, reason="the CPU kernels could not be built here")
+def test_small_batch_linear_refuses_bad_inputs_by_name() -> None:
+    with pytest.raises(RuntimeError, match="at most 4 rows"):
+        kernels.small_batch_linear(torch.randn(5, 8), torch.randn(3, 8))
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        kernels.small_batch_linear(torch.randn(1, 8), torch.randn(3, 8).bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 16, 70])
+@pytest.mark.parametrize("with_kernels", [True, False], ids=["small-batch-kernel", "onednn-only"])
+def test_packed_layers_match_their_plain_weights(dtype: torch.dtype, rows: int, with_kernels: bool) -> None:
+    if with_kernels and kernels is None:
+        pytest.skip("the CPU kernels could not be built here")
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(500, 64).to(dtype)
+    model = torch.nn.ModuleDict(
+        {"proj": Linear(64, 96, bias=True).to(dtype), "head": LMHead(64, 500, tied_to=embedding)}
+    )
+    x = torch.randn(rows, 64).to(dtype)
+    with torch.inference_mode():
+        plain = model["proj"](x), model["head"](x)
+        assert pack_linears(model, kernels if with_kernels else None) == 2
+        packed = model["proj"](x), model["head"](x)
+    for before, after in zip(plain, packed, strict=True):
+        scale = before.float().abs().max().item()
+        torch.testing.assert_close(after.float(), before.float(), atol=TOLERANCE[dtype] * scale, rtol=TOLERANCE[dtype])
