@@ -14,7 +14,7 @@ from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
 from services.engine.config import EngineConfig
 from services.engine.kernels import triton_runs_on
-from services.engine.models.layers import enable_fused_kernels, pack_linears
+from services.engine.models.layers import enable_fused_kernels, pack_linears, use_cpu_kernels
 from services.engine.models.weights import build_model
 from turnout.v1 import common_pb2
 
@@ -163,7 +163,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
     elif device.type == "cpu":
         # oneDNN's layout once instead of a repack inside every matmul; decodes of a few
         # sequences through the C++ small-batch kernel when it builds here.
-        pack_linears(model, cpu_kernels.load())
+        kernels = cpu_kernels.load()
+        pack_linears(model, kernels)
+        use_cpu_kernels(model, kernels)  # RMSNorm, rotary and SiLU-mul in one call each
     context = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:
         if config.max_model_len > context:

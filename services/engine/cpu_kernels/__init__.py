@@ -20,7 +20,8 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("module.cpp", "paged_decode.cpp", "small_batch_linear.cpp"))
+FILES = ("module.cpp", "paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in FILES)
 NAME = "turnout_cpu_kernels"
 FLAGS = ("-O3", "-march=native", "-fopenmp")
 

@@ -15,6 +15,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -29,30 +30,65 @@ inline __m512 load16(const c10::BFloat16* p) {
 }
 #endif
 
+// One output element y[m][n] for every row m of x: the plain loop, for the last rows of a
+// range and for CPUs without AVX-512.
+template <typename T, int64_t M>
+inline void one_output(const float* x, const T* w, float bias, T* y, int64_t in, int64_t y_stride, int64_t n) {
+  float sums[M];
+  int64_t i = 0;
+#ifdef __AVX512F__
+  __m512 acc[M];
+  for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  for (; i + 16 <= in; i += 16) {
+    const __m512 wv = load16(w + i);
+    for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * in + i), wv, acc[m]);
+  }
+  for (int64_t m = 0; m < M; ++m) sums[m] = _mm512_reduce_add_ps(acc[m]);
+#else
+  for (int64_t m = 0; m < M; ++m) sums[m] = 0.f;
+#endif
+  for (; i < in; ++i) {
+    const float wi = static_cast<float>(w[i]);
+    for (int64_t m = 0; m < M; ++m) sums[m] += x[m * in + i] * wi;
+  }
+  for (int64_t m = 0; m < M; ++m) y[m * y_stride + n] = static_cast<T>(sums[m] + bias);
+}
+
 template <typename T, int64_t M>
 void rows_kernel(const float* x, const T* weight, const T* bias, T* y, int64_t in, int64_t out, int64_t y_stride) {
-  at::parallel_for(0, out, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const T* w = weight + n * in;
-      float sums[M];
-      int64_t i = 0;
+  // Four weight rows at a time: 4*M independent FMA chains keep the FMA units and the memory
+  // system busy (one chain waits on its own latency), and each x load serves four rows.
+  constexpr int64_t kRows = 4;
+  at::parallel_for(0, (out + kRows - 1) / kRows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t group = begin; group < end; ++group) {
+      const int64_t first = group * kRows;
 #ifdef __AVX512F__
-      __m512 acc[M];
-      for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-      for (; i + 16 <= in; i += 16) {
-        const __m512 wv = load16(w + i);
-        for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * in + i), wv, acc[m]);
+      if (first + kRows <= out && in % 16 == 0) {
+        __m512 acc[kRows][M];
+        for (int64_t r = 0; r < kRows; ++r)
+          for (int64_t m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+        const T* w = weight + first * in;
+        for (int64_t i = 0; i < in; i += 16) {
+          __m512 xs[M];
+          for (int64_t m = 0; m < M; ++m) xs[m] = _mm512_loadu_ps(x + m * in + i);
+          for (int64_t r = 0; r < kRows; ++r) {
+            const __m512 wv = load16(w + r * in + i);
+            for (int64_t m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(xs[m], wv, acc[r][m]);
+          }
+        }
+        for (int64_t r = 0; r < kRows; ++r) {
+          const float b = bias != nullptr ? static_cast<float>(bias[first + r]) : 0.f;
+          for (int64_t m = 0; m < M; ++m) {
+            y[m * y_stride + first + r] = static_cast<T>(_mm512_reduce_add_ps(acc[r][m]) + b);
+          }
+        }
+        continue;
       }
-      for (int64_t m = 0; m < M; ++m) sums[m] = _mm512_reduce_add_ps(acc[m]);
-#else
-      for (int64_t m = 0; m < M; ++m) sums[m] = 0.f;
 #endif
-      for (; i < in; ++i) {
-        const float wi = static_cast<float>(w[i]);
-        for (int64_t m = 0; m < M; ++m) sums[m] += x[m * in + i] * wi;
+      for (int64_t n = first; n < std::min(first + kRows, out); ++n) {
+        const float b = bias != nullptr ? static_cast<float>(bias[n]) : 0.f;
+        one_output<T, M>(x, weight + n * in, b, y, in, y_stride, n);
       }
-      const float b = bias != nullptr ? static_cast<float>(bias[n]) : 0.f;
-      for (int64_t m = 0; m < M; ++m) y[m * y_stride + n] = static_cast<T>(sums[m] + b);
     }
   });
 }

@@ -5,6 +5,9 @@ output can match it token for token: RMSNorm normalises in float32 and casts bac
 before the weight; rotary cos/sin are computed in float32 and applied in the
 activation dtype.
 
+On CPU, `pack_linears` and `use_cpu_kernels` do the same with oneDNN's packed weights and the
+C++ kernels of services/engine/cpu_kernels/.
+
 `enable_fused_kernels(model)` switches a model's RMSNorms and rotary embedding to the Triton
 kernels of services/engine/kernels/ (same numerics, fewer launches, no host syncs); the loader
 does it on CUDA. The torch ops stay the default everywhere else and the reference for tests.
@@ -33,9 +36,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.fused = False  # kernels.rms_norm instead of the torch ops; see enable_fused_kernels
+        self.cpu_ops: ModuleType | None = None  # cpu_kernels' rms_norm; see use_cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., dim) -> normalised (..., dim), same dtype."""
+        if self.cpu_ops is not None and x.is_contiguous():
+            return self.cpu_ops.rms_norm(x, self.weight, self.eps)  # type: ignore[no-any-return]
         if self.fused:
             from services.engine.kernels.rms_norm import rms_norm
 
@@ -46,6 +52,8 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual add, then norm (one call a fused kernel can replace): (norm(x + residual), x + residual)."""
+        if self.cpu_ops is not None and x.is_contiguous() and residual.is_contiguous():
+            return self.cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)  # type: ignore[no-any-return]
         if self.fused:
             from services.engine.kernels.rms_norm import fused_add_rms_norm
 
@@ -103,6 +111,7 @@ class Rotation:
     positions: torch.Tensor  # (T,) int64
     inv_freq: torch.Tensor  # (D/2,) float32
     cos_sin: tuple[torch.Tensor, torch.Tensor] | None  # (T, D/2) float32 each; None: fused kernel
+    cpu_ops: ModuleType | None = None  # cpu_kernels' rotary; see use_cpu_kernels
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (T, Hq, D), k (T, Hkv, D) -> both rotated by position, new tensors of the same dtype."""
@@ -110,6 +119,8 @@ class Rotation:
             from services.engine.kernels.rotary import rotary_embedding
 
             return rotary_embedding(q, k, self.positions, self.inv_freq)
+        if self.cpu_ops is not None:
+            return self.cpu_ops.rotary(q, *self.cos_sin), self.cpu_ops.rotary(k, *self.cos_sin)
         return apply_rotary(q, *self.cos_sin), apply_rotary(k, *self.cos_sin)
 
 
@@ -124,6 +135,7 @@ class RotaryEmbedding(nn.Module):
         # Kept in float32 on whatever device the model lives on; not part of the checkpoint.
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, params), persistent=False)
         self.fused = False  # kernels.rotary instead of the torch ops; see enable_fused_kernels
+        self.cpu_ops: ModuleType | None = None  # cpu_kernels' rotary; see use_cpu_kernels
 
     def forward(self, positions: torch.Tensor) -> Rotation:
         """positions (T,) int64 -> the rotation of one model forward, shared by every layer. The torch
@@ -131,7 +143,7 @@ class RotaryEmbedding(nn.Module):
         if self.fused:
             return Rotation(positions, self.inv_freq, None)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        return Rotation(positions, self.inv_freq, (freqs.cos(), freqs.sin()))
+        return Rotation(positions, self.inv_freq, (freqs.cos(), freqs.sin()), self.cpu_ops)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -229,8 +241,14 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedLinear(hidden_size, sizes, ("gate_proj", "up_proj"), bias)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
+    cpu_ops: ModuleType | None = None  # cpu_kernels' silu_mul; see use_cpu_kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
+        gate_up = self.gate_up_proj(x)  # (T, 2I)
+        if self.cpu_ops is not None and gate_up.shape[0] <= SMALL_BATCH_ROWS:
+            # One call instead of three where dispatch, not arithmetic, is the cost (its exp is scalar).
+            return self.down_proj(self.cpu_ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)  # (T, I) each
         return self.down_proj(F.silu(gate) * up)  # (T, hidden)
 
 
@@ -272,6 +290,15 @@ def pack_linears(model: nn.Module, kernels: ModuleType | None = None) -> int:
                 module.cpu_weight = CpuWeight(weight.detach(), pack_weight(weight), small_batch, small_rows)
                 count += 1
     return count
+
+
+def use_cpu_kernels(model: nn.Module, kernels: ModuleType | None) -> None:
+    """Run a CPU model's RMSNorms (residual add included), rotary embedding and SiLU-mul through
+    `kernels` (services.engine.cpu_kernels: one call each instead of 3-20 torch ops, same
+    roundings), or the torch ops again with None."""
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, RotaryEmbedding, GatedMLP)):
+            module.cpu_ops = kernels
 
 
 def enable_fused_kernels(model: nn.Module, enabled: bool = True) -> None:
