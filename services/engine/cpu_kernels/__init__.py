@@ -20,8 +20,10 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-FILES = ("module.cpp", "paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp")
-SOURCES = tuple(Path(__file__).with_name(name) for name in FILES)
+FILES = ("module.cpp", "paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp", "common.h")
+SOURCES = tuple(Path(__file__).with_name(name) for name in FILES if name.endswith(".cpp"))
+# Sources and the header they include: what the build's digest covers.
+INPUTS = tuple(Path(__file__).with_name(name) for name in FILES)
 NAME = "turnout_cpu_kernels"
 FLAGS = ("-O3", "-march=native", "-fopenmp")
 
@@ -36,7 +38,7 @@ def digest() -> str:
     import torch
 
     h = hashlib.sha256()
-    for source in SOURCES:
+    for source in INPUTS:
         h.update(source.read_bytes())
     h.update(" ".join(FLAGS).encode())
     h.update(torch.__version__.encode())

@@ -13,6 +13,8 @@
 // float32, as torch computes bfloat16 arithmetic.
 
 #include <torch/extension.h>
+
+#include "common.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -151,8 +153,8 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
 }  // namespace
 
 void register_elementwise(pybind11::module& m) {
-  m.def("rms_norm", &rms_norm, "weight * T(x * rsqrt(mean(x^2) + eps)) (CPU)");
-  m.def("add_rms_norm", &add_rms_norm, "(rms_norm(x + residual), x + residual) (CPU)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last dimension (CPU)");
-  m.def("rotary", &rotary, "x (T, H, D) rotated by cos/sin (T, D/2), rotate-half layout (CPU)");
+  m.def("rms_norm", &rms_norm, kReleaseGil, "weight * T(x * rsqrt(mean(x^2) + eps)) (CPU)");
+  m.def("add_rms_norm", &add_rms_norm, kReleaseGil, "(rms_norm(x + residual), x + residual) (CPU)");
+  m.def("silu_mul", &silu_mul, kReleaseGil, "silu(gate) * up over the halves of the last dimension (CPU)");
+  m.def("rotary", &rotary, kReleaseGil, "x (T, H, D) rotated by cos/sin (T, D/2), rotate-half layout (CPU)");
 }

@@ -1,4 +1,7 @@
 // The extension module: one registration function per kernel file.
+//
+// Every kernel is registered with kReleaseGil (common.h): it touches no Python object, so the
+// engine's asyncio thread (gRPC, streaming tokens out) runs while a step's kernels do.
 
 #include <torch/extension.h>
 

@@ -13,6 +13,8 @@
 // dtype (float32 or bfloat16), as SDPA's CPU kernel computes them.
 
 #include <torch/extension.h>
+
+#include "common.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -192,5 +194,5 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
 }  // namespace
 
 void register_paged_decode(pybind11::module& m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention over the cache in place (CPU)");
+  m.def("paged_decode", &paged_decode, kReleaseGil, "paged decode attention over the cache in place (CPU)");
 }

@@ -11,6 +11,8 @@
 // contiguous; bias (out,) or empty; y (M, out) in x's dtype.
 
 #include <torch/extension.h>
+
+#include "common.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -133,7 +135,7 @@ torch::Tensor small_batch_linear(const torch::Tensor& x, const torch::Tensor& we
 }  // namespace
 
 void register_small_batch_linear(pybind11::module& m) {
-  m.def("small_batch_linear", &small_batch_linear, "x @ weight.T for at most 4 rows of x (CPU)",
+  m.def("small_batch_linear", &small_batch_linear, kReleaseGil, "x @ weight.T for at most 4 rows of x (CPU)",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none());
   m.attr("SMALL_BATCH_MAX_ROWS") = kMaxRows;
 }
