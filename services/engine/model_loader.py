@@ -63,9 +63,8 @@ class LoadedModel:
         )
         if chosen == "cpu":
             from services.engine.attention.cpu_backend import CpuAttentionBackend
-            from services.engine.cpu_kernels import load
 
-            kernels = load()
+            kernels = cpu_kernels.load()
             assert kernels is not None  # _attention_backend chose cpu because it loads
             return CpuAttentionBackend(cache, scale=self.head_dim**-0.5, kernels=kernels)
         if chosen == "triton":
@@ -75,8 +74,9 @@ class LoadedModel:
         return TorchAttentionBackend(cache, scale=self.head_dim**-0.5)
 
     def _attention_backend(self, name: str) -> str:
-        """`auto`: triton on CUDA when its kernels serve this model, else torch. Checked before the
-        cache is allocated; the triton module (and Triton itself) is imported only when usable."""
+        """`auto`: triton on CUDA when its kernels serve this model; on CPU the C++ kernel when it
+        builds (`_cpu_backend`); else torch. Checked before the cache is allocated; the triton
+        module (and Triton itself) is imported only when usable."""
         if name == "cpu" or (name == "auto" and self.device.type == "cpu"):
             return self._cpu_backend(name)
         if name == "torch" or (name == "auto" and self.device.type != "cuda"):
@@ -100,11 +100,10 @@ class LoadedModel:
     def _cpu_backend(self, name: str) -> str:
         """`cpu` when the C++ kernels serve this device and dtype and build here; `auto` falls back to torch."""
         from services.engine.attention.cpu_backend import DTYPES
-        from services.engine.cpu_kernels import load
 
         if self.device.type != "cpu" or self.dtype not in DTYPES:
             reason = f"needs a CPU device and float32 or bfloat16 (got {self.device}, {self.dtype})"
-        elif load() is None:
+        elif cpu_kernels.load() is None:
             reason = "the CPU kernels could not be built (see the log line above)"
         else:
             return "cpu"
