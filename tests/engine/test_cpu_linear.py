@@ -60,3 +60,14 @@ def test_packed_layers_match_their_plain_weights(dtype: torch.dtype, rows: int, 
     for before, after in zip(plain, packed, strict=True):
         scale = before.float().abs().max().item()
         torch.testing.assert_close(after.float(), before.float(), atol=TOLERANCE[dtype] * scale, rtol=TOLERANCE[dtype])
+
+
+def test_bfloat16_stays_unpacked_where_onednn_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without oneDNN bfloat16 (pre-AVX-512) keeps torch's linear for a bfloat16 model."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    model = torch.nn.ModuleDict({"bf16": Linear(8, 4).to(torch.bfloat16), "fp32": Linear(8, 4)})
+    assert pack_linears(model, kernels) == 1
+    assert model["bf16"].cpu_weight is None and model["fp32"].cpu_weight is not None
+    x = torch.randn(3, 8).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(model["bf16"](x), F.linear(x, model["bf16"].weight, model["bf16"].bias))

@@ -155,7 +155,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def _packable(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and weight.dim() == 2
+    """oneDNN packs float32 on any x86 CPU; bfloat16 only where oneDNN supports it (AVX-512 and
+    up): elsewhere the plain torch linear serves, so a bfloat16 model still loads."""
+    if weight.device.type != "cpu" or weight.dim() != 2 or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
