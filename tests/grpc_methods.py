@@ -51,7 +51,8 @@ def rpcs(service: ServiceDescriptor) -> list[Rpc]:
 
 
 async def call(channel: aio.Channel, rpc: Rpc, metadata: tuple[tuple[str, str], ...] = ()) -> grpc.StatusCode:
-    """Call `rpc` with one empty request and return the status it ends with (OK when it answers)."""
+    """Call `rpc` with one empty request (none on a request stream) and return the status it ends
+    with (OK when it answers)."""
     method = rpc.descriptor
     request_class = GetMessageClass(method.input_type)
     response_class = GetMessageClass(method.output_type)
@@ -65,7 +66,10 @@ async def call(channel: aio.Channel, rpc: Rpc, metadata: tuple[tuple[str, str], 
         rpc.path, request_serializer=request_class.SerializeToString, response_deserializer=response_class.FromString
     )
     request = request_class()
-    argument: Any = iter([request]) if method.client_streaming else request
+    # A request stream sends no message: when the server ends the call before reading (a refused
+    # credential), a write that races its status makes grpc.aio's client report INTERNAL "Internal
+    # error from Core" in place of the server's status (grpc/grpc#36066), a few calls in a hundred.
+    argument: Any = iter([]) if method.client_streaming else request
     try:
         result = stub(argument, metadata=metadata, timeout=10)
         if method.server_streaming:
