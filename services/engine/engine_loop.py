@@ -5,6 +5,14 @@ only through a command queue (add, abort) and per-request output queues, so
 network I/O never waits for a forward pass and a forward pass never waits
 for the network. Leaving `generate()` early aborts the request, which frees
 its KV blocks at the next step.
+
+The service builds its engine on the step-loop thread too (`EngineLoop.build`), so that one
+thread runs every parallel torch op of the process. With OpenMP (torch's CPU thread pool),
+each thread that opens a parallel region owns a team of worker threads; a second team makes
+libgomp count more threads than cores and cut its workers' spin-wait to almost nothing, so a
+CPU decode step's ~150 parallel regions each pay a sleep and a wake-up: on 2 cores a batch-1
+step took 30 ms instead of 20 ms when the model was loaded on another thread than the one
+stepping it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from services.engine.llm_engine import LLMEngine
@@ -66,8 +74,15 @@ def _retrieve(future: asyncio.Future[object]) -> None:
 
 class EngineLoop:
     def __init__(
-        self, engine: LLMEngine, max_waiting_requests: int = 1024, metrics: EngineMetrics | None = None
+        self,
+        engine: LLMEngine,
+        max_waiting_requests: int = 1024,
+        metrics: EngineMetrics | None = None,
+        *,
+        start: bool = True,
     ) -> None:
+        """Steps `engine` on a new thread; `start=False` leaves the stepping to the caller's thread
+        (`build` runs `_run` there)."""
         self.engine = engine
         self._max_waiting = max_waiting_requests
         self.metrics = metrics or EngineMetrics()
@@ -79,8 +94,36 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._load = engine.load()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+        if start:
+            self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+            self._thread.start()
+        else:
+            self._thread = threading.current_thread()
+
+    @classmethod
+    def build(
+        cls,
+        make_engine: Callable[[], LLMEngine],
+        max_waiting_requests: int = 1024,
+        metrics: EngineMetrics | None = None,
+    ) -> concurrent.futures.Future[EngineLoop]:
+        """Start a thread that builds the engine with `make_engine` (loading the model, packing
+        weights, sizing the KV cache) and then steps it: the future holds the loop once the engine
+        is built, or what `make_engine` raised. One thread for both keeps the process at one
+        OpenMP team (see the module docstring)."""
+        built: concurrent.futures.Future[EngineLoop] = concurrent.futures.Future()
+
+        def build_and_run() -> None:
+            try:
+                loop = cls(make_engine(), max_waiting_requests, metrics, start=False)
+            except BaseException as exc:
+                built.set_exception(exc)
+                return
+            built.set_result(loop)
+            loop._run()
+
+        threading.Thread(target=build_and_run, name="engine-loop", daemon=True).start()
+        return built
 
     async def generate(
         self, request: EngineRequest, priority: int = 0, timeline: RequestTimeline | None = None

@@ -182,13 +182,15 @@ async def _serve(config: EngineConfig) -> None:
     from turnout.telemetry.engine_metrics import EngineMetrics
     from turnout.v1 import engine_pb2, engine_pb2_grpc
 
+    metrics = EngineMetrics()
     try:
-        core = LLMEngine(config)
+        # Built on the thread that steps it: one OpenMP team in the process (engine_loop.py).
+        engine = await asyncio.wrap_future(
+            EngineLoop.build(lambda: LLMEngine(config), config.max_waiting_requests, metrics)
+        )
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
-    metrics = EngineMetrics()
-    engine = EngineLoop(core, config.max_waiting_requests, metrics)
-    servicer = EngineServicer(core.loaded, engine, config)
+    servicer = EngineServicer(engine.engine.loaded, engine, config)
     spec = ServiceSpec(
         name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
         add=lambda server: engine_pb2_grpc.add_EngineServicer_to_server(servicer, server),

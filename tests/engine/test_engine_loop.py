@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -138,6 +139,38 @@ async def test_concurrent_requests_match_running_alone(engine: EngineLoop, loade
         )
     )
     assert len({tuple(tokens) for tokens, _ in results}) == 1  # same prompt, greedy: same output for all
+
+
+async def test_build_makes_the_engine_on_the_thread_that_steps_it(loaded: LoadedModel, tiny_model_dir: Path) -> None:
+    """One thread loads and steps the model, so the process opens one OpenMP team (engine_loop.py)."""
+    threads: dict[str, threading.Thread] = {}
+
+    class Recording(LLMEngine):
+        def step(self):  # type: ignore[no-untyped-def]
+            threads.setdefault("step", threading.current_thread())
+            return super().step()
+
+    def make() -> LLMEngine:
+        threads["build"] = threading.current_thread()
+        return Recording(EngineConfig(model=tiny_model_dir, num_kv_blocks=64), loaded)
+
+    engine = await asyncio.wrap_future(EngineLoop.build(make))
+    try:
+        tokens, _ = await collect(engine.generate(make_request(loaded, max_new_tokens=3, ignore_eos=True)))
+    finally:
+        engine.shutdown()
+    assert len(tokens) == 3
+    assert threads["build"] is threads["step"]
+    assert threads["step"] is not threading.main_thread()
+    assert not threads["step"].is_alive()  # shutdown ended it
+
+
+async def test_a_failed_build_reaches_the_caller() -> None:
+    def make() -> LLMEngine:
+        raise ValueError("no config.json in /nowhere")
+
+    with pytest.raises(ValueError, match="no config"):
+        await asyncio.wrap_future(EngineLoop.build(make))
 
 
 def test_model_info_reads_the_folder(loaded: LoadedModel, tiny_model_dir: Path) -> None:
