@@ -1,5 +1,6 @@
-"""The CPU linear paths against torch's F.linear: the small-batch kernel (1-4 rows) and the
-oneDNN pre-packed weight, float32 and bfloat16, with and without bias, odd widths."""
+"""The CPU linear paths against torch's F.linear: the small-batch kernel (1-4 rows), the
+bfloat16 pair-dot-product kernel (any row count) and the oneDNN pre-packed weight, float32 and
+bfloat16, with and without bias, odd widths."""
 
 from __future__ import annotations
 
@@ -66,8 +67,53 @@ def test_bfloat16_stays_unpacked_where_onednn_lacks_it(monkeypatch: pytest.Monke
     """A CPU without oneDNN bfloat16 (pre-AVX-512) keeps torch's linear for a bfloat16 model."""
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     model = torch.nn.ModuleDict({"bf16": Linear(8, 4).to(torch.bfloat16), "fp32": Linear(8, 4)})
-    assert pack_linears(model, kernels) == 1
+    assert pack_linears(model, None) == 1  # such a CPU has no AVX-512 BF16 for bf16_linear either
     assert model["bf16"].cpu_weight is None and model["fp32"].cpu_weight is not None
     x = torch.randn(3, 8).bfloat16()
     with torch.inference_mode():
         assert torch.equal(model["bf16"](x), F.linear(x, model["bf16"].weight, model["bf16"].bias))
+
+
+has_dot = kernels is not None and bool(kernels.HAS_BF16_DOT)
+
+
+@pytest.mark.skipif(not has_dot, reason="no AVX-512 BF16 kernel on this CPU")
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 16, 63, 257, 600])
+@pytest.mark.parametrize(("out", "width", "bias"), [(960, 576, False), (37, 64, True), (48, 1538, True)])
+def test_bf16_linear_matches_f_linear(rows: int, out: int, width: int, bias: bool) -> None:
+    """Every tile shape: rows past one 8-row tile and one 256-row panel, outputs that fill 1-3
+    blocks of 16 or leave a partial block (37), widths of one to many pairs."""
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(rows * out)
+    x = torch.randn(rows, width, generator=generator).bfloat16()
+    weight = torch.randn(out, width, generator=generator).bfloat16()
+    b = torch.randn(out, generator=generator).bfloat16() if bias else None
+    got = kernels.bf16_linear(x, kernels.pack_bf16_linear(weight), out, b)
+    want = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out)
+    scale = want.abs().max().item()
+    tolerance = TOLERANCE[torch.bfloat16]
+    torch.testing.assert_close(got.float(), want, atol=tolerance * scale, rtol=tolerance)
+
+
+@pytest.mark.skipif(not has_dot, reason="no AVX-512 BF16 kernel on this CPU")
+def test_bf16_linear_refuses_bad_inputs_by_name() -> None:
+    assert kernels is not None
+    with pytest.raises(RuntimeError, match="even input width"):
+        kernels.pack_bf16_linear(torch.randn(4, 7).bfloat16())
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernels.pack_bf16_linear(torch.randn(4, 8))
+    packed = kernels.pack_bf16_linear(torch.randn(20, 8).bfloat16())
+    with pytest.raises(RuntimeError, match="x has 6 columns, the packed weight 8"):
+        kernels.bf16_linear(torch.randn(2, 6).bfloat16(), packed, 20)
+    with pytest.raises(RuntimeError, match="does not match"):
+        kernels.bf16_linear(torch.randn(2, 8).bfloat16(), packed, 40)
+
+
+@pytest.mark.skipif(not has_dot, reason="no AVX-512 BF16 kernel on this CPU")
+def test_bfloat16_layers_take_the_dot_kernel_and_float32_keeps_onednn() -> None:
+    model = torch.nn.ModuleDict({"bf16": Linear(64, 40).to(torch.bfloat16), "fp32": Linear(64, 40)})
+    assert pack_linears(model, kernels) == 2
+    bf16, fp32 = model["bf16"].cpu_weight, model["fp32"].cpu_weight
+    assert bf16 is not None and bf16.bf16_dot is not None
+    assert fp32 is not None and fp32.bf16_dot is None

@@ -20,7 +20,14 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-FILES = ("module.cpp", "paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp", "common.h")
+FILES = (
+    "module.cpp",
+    "paged_decode.cpp",
+    "small_batch_linear.cpp",
+    "bf16_linear.cpp",
+    "elementwise.cpp",
+    "common.h",
+)
 SOURCES = tuple(Path(__file__).with_name(name) for name in FILES if name.endswith(".cpp"))
 # Sources and the header they include: what the build's digest covers.
 INPUTS = tuple(Path(__file__).with_name(name) for name in FILES)
