@@ -48,6 +48,23 @@ class _Stream:
             self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
 
 
+def _deliver(items: list[tuple[_Stream, EngineOutput]]) -> None:
+    """On the event loop: hand one step's outputs to their streams."""
+    for stream, output in items:
+        stream.outputs.put_nowait(output)
+
+
+def _emit_step(items: list[tuple[_Stream, EngineOutput]]) -> None:
+    """One step's outputs, one wake-up of each event loop they go to (not one per output: each
+    wake-up writes to the loop's self-pipe, ~5% of a 16-way CPU step when done per output)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, EngineOutput]]] = {}
+    for stream, output in items:
+        by_loop.setdefault(stream.loop, []).append((stream, output))
+    for loop, batch in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
+            loop.call_soon_threadsafe(_deliver, batch)
+
+
 @dataclass(frozen=True)
 class _Add:
     request: EngineRequest
@@ -223,14 +240,16 @@ class EngineLoop:
             now = time.time_ns()
             self._load = self.engine.load()
             self._note_scheduled(started)
-            for out in outputs:
-                with self._lock:
-                    stream = self._streams.get(out.request_id)
+            ready: list[tuple[_Stream, EngineOutput]] = []
+            with self._lock:
+                streams = [self._streams.get(out.request_id) for out in outputs]
+            for out, stream in zip(outputs, streams, strict=True):
                 if stream is not None:
                     self._observe(stream.timeline, out.output, started, now)
-                    stream.emit(out.output)
+                    ready.append((stream, out.output))
                 if out.output.request_finished:
                     self._unscheduled.pop(out.request_id, None)
+            _emit_step(ready)
 
     def _note_scheduled(self, step_started: int) -> None:
         """Requests the scheduler admitted in this step were scheduled when it started."""

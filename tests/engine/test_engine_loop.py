@@ -141,6 +141,25 @@ async def test_concurrent_requests_match_running_alone(engine: EngineLoop, loade
     assert len({tuple(tokens) for tokens, _ in results}) == 1  # same prompt, greedy: same output for all
 
 
+async def test_a_step_wakes_the_event_loop_once_for_all_its_outputs(
+    engine: EngineLoop, loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = asyncio.get_running_loop()
+    wakeups: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback, *args, **kwargs):  # type: ignore[no-untyped-def]
+        wakeups.append(callback)
+        return original(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    requests = [make_request(loaded, f"r{i}", max_new_tokens=8, ignore_eos=True) for i in range(4)]
+    results = await asyncio.gather(*(collect(engine.generate(r)) for r in requests))
+    assert [len(tokens) for tokens, _ in results] == [8] * 4
+    # 32 outputs from ~8-11 steps of the four decoding together: one wake-up per step, not per output.
+    assert len(wakeups) < 20, len(wakeups)
+
+
 async def test_build_makes_the_engine_on_the_thread_that_steps_it(loaded: LoadedModel, tiny_model_dir: Path) -> None:
     """One thread loads and steps the model, so the process opens one OpenMP team (engine_loop.py)."""
     threads: dict[str, threading.Thread] = {}
