@@ -1,13 +1,14 @@
 """The CPU linear paths on the default model's weight shapes: torch's F.linear, oneDNN with a
-pre-packed weight, and the small-batch C++ kernel, per dtype and batch rows.
+pre-packed weight and the C++ packed_linear kernel (float32 with AVX-512, bfloat16 with AVX-512
+BF16), per dtype and batch rows.
 
-    python -m benchmarks.bench_cpu_linear [--rows 1,2,4,16,64] [--dtypes float32,bfloat16]
+    python -m benchmarks.bench_cpu_linear [--rows 1,2,4,16,64,256] [--dtypes float32,bfloat16]
 
 Each row multiplies one decode step's worth of activations through every linear layer of
 SmolLM2-135M (30 layers of qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576, then
 the 576->49152 LM head): ms per step, and the weight bytes read per second. Random weights;
 the shapes are what matter. The engine's choice (services/engine/models/layers.py) follows it:
-the kernel up to SMALL_BATCH_ROWS rows, oneDNN above.
+packed_linear for every dtype it has on this CPU, oneDNN for the others.
 """
 
 from __future__ import annotations
@@ -36,15 +37,18 @@ def onednn(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-def paths() -> dict[str, Path]:
+def paths() -> dict[str, tuple[Path, set[torch.dtype]]]:
+    """Each path by name, with the dtypes it takes on this CPU."""
+    both = {torch.float32, torch.bfloat16}
+    found: dict[str, tuple[Path, set[torch.dtype]]] = {"F.linear": (plain, both), "oneDNN packed": (onednn, both)}
     kernels = load()
-    found: dict[str, Path] = {"F.linear": plain, "oneDNN packed": onednn}
     if kernels is not None:
 
-        def small(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-            return lambda x: kernels.small_batch_linear(x, weight)  # type: ignore[no-any-return]
+        def packed_kernel(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+            packed, out = kernels.pack_linear(weight), weight.shape[0]
+            return lambda x: kernels.packed_linear(x, packed, out)  # type: ignore[no-any-return]
 
-        found["small-batch kernel"] = small
+        found["packed_linear kernel"] = (packed_kernel, {getattr(torch, n) for n in kernels.PACKED_LINEAR_DTYPES})
     return found
 
 
@@ -66,7 +70,7 @@ def step_ms(dtype: torch.dtype, rows: int, make: Path, repeats: int) -> tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="1,2,4,16,64")
+    parser.add_argument("--rows", default="1,2,4,16,64,256")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
@@ -78,8 +82,8 @@ def main() -> None:
         dtype = getattr(torch, dtype_name)
         for rows in (int(r) for r in args.rows.split(",")):
             cells = []
-            for name, make in available.items():
-                if name == "small-batch kernel" and rows > 4:
+            for make, dtypes in available.values():
+                if dtype not in dtypes:
                     cells.append("-")
                     continue
                 ms, rate = step_ms(dtype, rows, make, args.repeats)

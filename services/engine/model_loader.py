@@ -160,8 +160,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if device.type == "cuda":
         enable_fused_kernels(model)  # RMSNorm and rotary as Triton kernels; CPU keeps the torch ops
     elif device.type == "cpu":
-        # oneDNN's layout once instead of a repack inside every matmul; decodes of a few
-        # sequences through the C++ small-batch kernel when it builds here.
+        # Every weight packed once for the matmul that reads it: the C++ packed_linear where it
+        # builds here and takes the dtype, oneDNN's layout otherwise.
         kernels = cpu_kernels.load()
         pack_linears(model, kernels)
         use_cpu_kernels(model, kernels)  # RMSNorm, rotary and SiLU-mul in one call each

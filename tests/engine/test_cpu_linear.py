@@ -1,6 +1,5 @@
-"""The CPU linear paths against torch's F.linear: the small-batch kernel (1-4 rows), the
-bfloat16 pair-dot-product kernel (any row count) and the oneDNN pre-packed weight, float32 and
-bfloat16, with and without bias, odd widths."""
+"""The CPU linear paths against torch's F.linear: the packed_linear kernel and the oneDNN
+pre-packed weight, float32 and bfloat16, with and without bias, odd widths, every tile shape."""
 
 from __future__ import annotations
 
@@ -18,33 +17,9 @@ kernels = load()
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
-@pytest.mark.skipif(kernels is None, reason="the CPU kernels could not be built here")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize(("width", "bias"), [(576, False), (37, True), (1536, True)])
-def test_small_batch_linear_matches_f_linear(dtype: torch.dtype, rows: int, width: int, bias: bool) -> None:
-    generator = torch.Generator().manual_seed(rows * width)
-    x = torch.randn(rows, width, generator=generator).to(dtype)
-    weight = torch.randn(333, width, generator=generator).to(dtype)
-    b = torch.randn(333, generator=generator).to(dtype) if bias else None
-    got = kernels.small_batch_linear(x, weight, b)
-    want = F.linear(x.float(), weight.float(), None if b is None else b.float())
-    assert got.dtype == dtype and got.shape == (rows, 333)
-    scale = want.abs().max().item()
-    torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype] * scale, rtol=TOLERANCE[dtype])
-
-
-@pytest.mark.skipif(kernels is None, reason="the CPU kernels could not be built here")
-def test_small_batch_linear_refuses_bad_inputs_by_name() -> None:
-    with pytest.raises(RuntimeError, match="at most 4 rows"):
-        kernels.small_batch_linear(torch.randn(5, 8), torch.randn(3, 8))
-    with pytest.raises(RuntimeError, match="share a dtype"):
-        kernels.small_batch_linear(torch.randn(1, 8), torch.randn(3, 8).bfloat16())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 16, 70])
-@pytest.mark.parametrize("with_kernels", [True, False], ids=["small-batch-kernel", "onednn-only"])
+@pytest.mark.parametrize("with_kernels", [True, False], ids=["packed-linear-kernel", "onednn-only"])
 def test_packed_layers_match_their_plain_weights(dtype: torch.dtype, rows: int, with_kernels: bool) -> None:
     if with_kernels and kernels is None:
         pytest.skip("the CPU kernels could not be built here")
@@ -67,53 +42,58 @@ def test_bfloat16_stays_unpacked_where_onednn_lacks_it(monkeypatch: pytest.Monke
     """A CPU without oneDNN bfloat16 (pre-AVX-512) keeps torch's linear for a bfloat16 model."""
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     model = torch.nn.ModuleDict({"bf16": Linear(8, 4).to(torch.bfloat16), "fp32": Linear(8, 4)})
-    assert pack_linears(model, None) == 1  # such a CPU has no AVX-512 BF16 for bf16_linear either
+    assert pack_linears(model, None) == 1  # such a CPU has no AVX-512 BF16 for packed_linear either
     assert model["bf16"].cpu_weight is None and model["fp32"].cpu_weight is not None
     x = torch.randn(3, 8).bfloat16()
     with torch.inference_mode():
         assert torch.equal(model["bf16"](x), F.linear(x, model["bf16"].weight, model["bf16"].bias))
 
 
-has_dot = kernels is not None and bool(kernels.HAS_BF16_DOT)
+def kernel_dtypes() -> list[torch.dtype]:
+    return [getattr(torch, name) for name in kernels.PACKED_LINEAR_DTYPES] if kernels is not None else []
 
 
-@pytest.mark.skipif(not has_dot, reason="no AVX-512 BF16 kernel on this CPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 16, 63, 257, 600])
 @pytest.mark.parametrize(("out", "width", "bias"), [(960, 576, False), (37, 64, True), (48, 1538, True)])
-def test_bf16_linear_matches_f_linear(rows: int, out: int, width: int, bias: bool) -> None:
+def test_packed_linear_matches_f_linear(dtype: torch.dtype, rows: int, out: int, width: int, bias: bool) -> None:
     """Every tile shape: rows past one 8-row tile and one 256-row panel, outputs that fill 1-3
-    blocks of 16 or leave a partial block (37), widths of one to many pairs."""
+    blocks of 16 or leave a partial block (37), widths of one to many steps."""
+    if dtype not in kernel_dtypes():
+        pytest.skip(f"no {dtype} packed_linear on this CPU")
     assert kernels is not None
     generator = torch.Generator().manual_seed(rows * out)
-    x = torch.randn(rows, width, generator=generator).bfloat16()
-    weight = torch.randn(out, width, generator=generator).bfloat16()
-    b = torch.randn(out, generator=generator).bfloat16() if bias else None
-    got = kernels.bf16_linear(x, kernels.pack_bf16_linear(weight), out, b)
+    x = torch.randn(rows, width, generator=generator).to(dtype)
+    weight = torch.randn(out, width, generator=generator).to(dtype)
+    b = torch.randn(out, generator=generator).to(dtype) if bias else None
+    got = kernels.packed_linear(x, kernels.pack_linear(weight), out, b)
     want = F.linear(x.float(), weight.float(), None if b is None else b.float())
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, out)
+    assert got.dtype == dtype and got.shape == (rows, out)
     scale = want.abs().max().item()
-    tolerance = TOLERANCE[torch.bfloat16]
-    torch.testing.assert_close(got.float(), want, atol=tolerance * scale, rtol=tolerance)
+    torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype] * scale, rtol=TOLERANCE[dtype])
 
 
-@pytest.mark.skipif(not has_dot, reason="no AVX-512 BF16 kernel on this CPU")
-def test_bf16_linear_refuses_bad_inputs_by_name() -> None:
+@pytest.mark.skipif(torch.bfloat16 not in kernel_dtypes(), reason="no bfloat16 packed_linear on this CPU")
+def test_packed_linear_refuses_bad_inputs_by_name() -> None:
     assert kernels is not None
     with pytest.raises(RuntimeError, match="even input width"):
-        kernels.pack_bf16_linear(torch.randn(4, 7).bfloat16())
-    with pytest.raises(RuntimeError, match="bfloat16"):
-        kernels.pack_bf16_linear(torch.randn(4, 8))
-    packed = kernels.pack_bf16_linear(torch.randn(20, 8).bfloat16())
+        kernels.pack_linear(torch.randn(4, 7).bfloat16())
+    with pytest.raises(RuntimeError, match="has no Half kernel"):
+        kernels.pack_linear(torch.randn(4, 8).half())
+    packed = kernels.pack_linear(torch.randn(20, 8).bfloat16())
     with pytest.raises(RuntimeError, match="x has 6 columns, the packed weight 8"):
-        kernels.bf16_linear(torch.randn(2, 6).bfloat16(), packed, 20)
+        kernels.packed_linear(torch.randn(2, 6).bfloat16(), packed, 20)
     with pytest.raises(RuntimeError, match="does not match"):
-        kernels.bf16_linear(torch.randn(2, 8).bfloat16(), packed, 40)
+        kernels.packed_linear(torch.randn(2, 8).bfloat16(), packed, 40)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        kernels.packed_linear(torch.randn(2, 8), packed, 20)
 
 
-@pytest.mark.skipif(not has_dot, reason="no AVX-512 BF16 kernel on this CPU")
-def test_bfloat16_layers_take_the_dot_kernel_and_float32_keeps_onednn() -> None:
+@pytest.mark.skipif(kernels is None, reason="the CPU kernels could not be built here")
+def test_layers_take_the_packed_kernel_for_the_dtypes_it_has() -> None:
     model = torch.nn.ModuleDict({"bf16": Linear(64, 40).to(torch.bfloat16), "fp32": Linear(64, 40)})
     assert pack_linears(model, kernels) == 2
-    bf16, fp32 = model["bf16"].cpu_weight, model["fp32"].cpu_weight
-    assert bf16 is not None and bf16.bf16_dot is not None
-    assert fp32 is not None and fp32.bf16_dot is None
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        weight = model[name].cpu_weight
+        assert weight is not None
+        assert (weight.kernel is not None) == (dtype in kernel_dtypes()), name

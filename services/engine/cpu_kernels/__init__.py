@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 FILES = (
     "module.cpp",
     "paged_decode.cpp",
-    "small_batch_linear.cpp",
-    "bf16_linear.cpp",
+    "packed_linear.cpp",
     "elementwise.cpp",
     "common.h",
 )

@@ -6,13 +6,11 @@
 #include <torch/extension.h>
 
 void register_paged_decode(pybind11::module& m);
-void register_small_batch_linear(pybind11::module& m);
 void register_elementwise(pybind11::module& m);
-void register_bf16_linear(pybind11::module& m);
+void register_packed_linear(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_paged_decode(m);
-  register_small_batch_linear(m);
   register_elementwise(m);
-  register_bf16_linear(m);
+  register_packed_linear(m);
 }

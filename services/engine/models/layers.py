@@ -171,33 +171,25 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
-# Up to this many rows the small-batch kernel beats oneDNN's packed GEMM (at 1-2 rows it streams
-# the weights at ~28 GB/s against oneDNN's 17-23; at 4 they tie): docs/benchmarks.md.
-SMALL_BATCH_ROWS = 2
+# Up to this many rows GatedMLP's SiLU-mul is one C++ call instead of three torch ops: there the
+# calls' dispatch, not their arithmetic, is the cost (the kernel's exp is scalar).
+SILU_MUL_KERNEL_ROWS = 2
 
 
 @dataclass(frozen=True)
 class CpuWeight:
-    """A CPU linear layer's weight in the forms its fast paths read."""
+    """A CPU linear layer's weight packed once for the matmul that reads it."""
 
-    plain: torch.Tensor  # (out, in), the parameter itself: read by the small-batch kernel
-    # oneDNN's blocked layout (pack_weight), or bf16_dot's own layout when that is set.
+    plain: torch.Tensor  # (out, in), the parameter itself
+    # cpu_kernels' pack_linear layout when `kernel` is set, else oneDNN's blocked one (pack_weight).
     packed: torch.Tensor
-    # cpu_kernels' small_batch_linear (None: not built here), for up to `small_rows` rows.
-    small_batch: Callable[..., torch.Tensor] | None
-    small_rows: int
-    # cpu_kernels' bf16_linear: a bfloat16 weight on a CPU with AVX-512 BF16, every row count.
-    bf16_dot: Callable[..., torch.Tensor] | None = None
+    kernel: Callable[..., torch.Tensor] | None  # cpu_kernels' packed_linear
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x (T, in) @ weight.T (+ bias). bfloat16 with the pair dot product: the bf16_linear
-        kernel (0.3-0.9x oneDNN's time up to 64 rows, even at 256). Otherwise a decode of a few
-        sequences streams the plain weight once through the small-batch kernel (~2x oneDNN
-        there) and larger batches go to oneDNN."""
-        if self.bf16_dot is not None and x.dim() == 2:
-            return self.bf16_dot(x, self.packed, self.plain.shape[0], bias)
-        if self.small_batch is not None and x.dim() == 2 and x.shape[0] <= self.small_rows:
-            return self.small_batch(x, self.plain, bias)
+        """x (T, in) @ weight.T (+ bias): through cpu_kernels' packed_linear where the CPU has it
+        for this dtype (float32: AVX-512; bfloat16: AVX-512 BF16), else through oneDNN."""
+        if self.kernel is not None and x.dim() == 2:
+            return self.kernel(x, self.packed, self.plain.shape[0], bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
@@ -258,7 +250,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # (T, 2I)
-        if self.cpu_ops is not None and gate_up.shape[0] <= SMALL_BATCH_ROWS:
+        if self.cpu_ops is not None and gate_up.shape[0] <= SILU_MUL_KERNEL_ROWS:
             # One call instead of three where dispatch, not arithmetic, is the cost (its exp is scalar).
             return self.down_proj(self.cpu_ops.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)  # (T, I) each
@@ -289,37 +281,36 @@ class LMHead(nn.Module):
 
 
 def pack_linears(model: nn.Module, kernels: ModuleType | None = None) -> int:
-    """Give every Linear and the LM head of a CPU model (float32 / bfloat16) its `CpuWeight`,
-    with `kernels` (services.engine.cpu_kernels) for small batches, and for every bfloat16 matmul
-    where the CPU has AVX-512 BF16; returns how many. Each packed copy costs the weight's size
-    again (a tied head packs the embedding), the price of not repacking inside every call."""
-    small_batch = kernels.small_batch_linear if kernels is not None else None
-    small_rows = min(SMALL_BATCH_ROWS, kernels.SMALL_BATCH_MAX_ROWS) if kernels is not None else 0
-    has_dot = kernels is not None and bool(kernels.HAS_BF16_DOT)
+    """Give every Linear and the LM head of a CPU model (float32 / bfloat16) its `CpuWeight`:
+    packed for `kernels`' packed_linear (services.engine.cpu_kernels) where it takes the dtype
+    on this CPU, else for oneDNN; returns how many. Each packed copy costs the weight's size
+    again (a tied head packs the embedding), the price of not repacking inside every call.
+
+    packed_linear against oneDNN, one forward's matmuls of the default model, same run
+    (docs/benchmarks.md): bfloat16 0.6-0.8x oneDNN's time at 1-16 rows, 0.94-0.96x at 64-256;
+    float32 0.6-0.8x at 1-16 rows and 1.05x at 64-256, kept there too so a model holds two
+    copies of its weights, not three."""
+    dtypes = {getattr(torch, name) for name in kernels.PACKED_LINEAR_DTYPES} if kernels is not None else set()
     count = 0
     for module in model.modules():
         if isinstance(module, (Linear, LMHead)):
             weight = module.weight if isinstance(module, Linear) else module.head_weight
             plain = weight.detach()
-            if has_dot and _dot_packable(weight):
-                assert kernels is not None
-                packed = kernels.pack_bf16_linear(plain)
-                module.cpu_weight = CpuWeight(plain, packed, None, 0, kernels.bf16_linear)
+            if kernels is not None and _kernel_packable(weight, dtypes):
+                module.cpu_weight = CpuWeight(plain, kernels.pack_linear(plain), kernels.packed_linear)
                 count += 1
             elif _packable(weight):
-                module.cpu_weight = CpuWeight(plain, pack_weight(weight), small_batch, small_rows)
+                module.cpu_weight = CpuWeight(plain, pack_weight(weight), None)
                 count += 1
     return count
 
 
-def _dot_packable(weight: torch.Tensor) -> bool:
-    """What cpu_kernels' bf16_linear takes: a CPU bfloat16 (out, in) weight with an even `in`."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and weight.dim() == 2
-        and weight.shape[1] % 2 == 0
-    )
+def _kernel_packable(weight: torch.Tensor, dtypes: set[torch.dtype]) -> bool:
+    """What packed_linear takes: a CPU (out, in) weight of a dtype it has here; bfloat16 pairs
+    input columns, so `in` must be even."""
+    if weight.device.type != "cpu" or weight.dim() != 2 or weight.dtype not in dtypes:
+        return False
+    return weight.dtype != torch.bfloat16 or weight.shape[1] % 2 == 0
 
 
 def use_cpu_kernels(model: nn.Module, kernels: ModuleType | None) -> None:
