@@ -1,6 +1,6 @@
 """The C++ CPU decode kernel against the torch backend (the reference) on the same paged cache:
 ragged lengths, blocks in scattered order, GQA, stale NaN in unused slots, float32 and bfloat16,
-decode-only and mixed batches."""
+decode-only and mixed batches, head shapes of its register path and of its general loop."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ HEADS, KV_HEADS, DIM = 9, 3, 64
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-def filled_cache(dtype: torch.dtype, num_blocks: int, seed: int) -> KVCache:
-    cache = KVCache(2, num_blocks, BLOCK, KV_HEADS, DIM, dtype, torch.device("cpu"))
+def filled_cache(dtype: torch.dtype, num_blocks: int, seed: int, kv_heads: int = KV_HEADS, dim: int = DIM) -> KVCache:
+    cache = KVCache(2, num_blocks, BLOCK, kv_heads, dim, dtype, torch.device("cpu"))
     generator = torch.Generator().manual_seed(seed)
     for pool in (*cache.k, *cache.v):
         pool[:num_blocks] = torch.randn(pool[:num_blocks].shape, generator=generator).to(dtype)
@@ -71,25 +71,32 @@ def scattered_tables(seq_lens: list[int], num_blocks: int, seed: int) -> list[li
     ],
     ids=["one-token", "decode-ragged", "mixed"],
 )
-def test_cpu_kernel_matches_the_torch_reference(dtype: torch.dtype, query_lens: list[int], seq_lens: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(HEADS, KV_HEADS, DIM), (8, 2, 128), (4, 4, 32), (16, 1, 64)],
+    ids=["model", "dim128", "general-dim32", "general-group16"],  # the last two: no register path
+)
+def test_cpu_kernel_matches_the_torch_reference(
+    dtype: torch.dtype, query_lens: list[int], seq_lens: list[int], heads: int, kv_heads: int, dim: int
+) -> None:
     num_blocks = 64
     tables = scattered_tables(seq_lens, num_blocks, seed=1)
     used = {b for t in tables for b in t}
     outputs = []
     for backend_type in (TorchAttentionBackend, CpuAttentionBackend):
-        cache = filled_cache(dtype, num_blocks, seed=0)
+        cache = filled_cache(dtype, num_blocks, seed=0, kv_heads=kv_heads, dim=dim)
         for pool in (*cache.k, *cache.v):
             for block in set(range(num_blocks)) - used:
                 pool[block] = float("nan")  # another request's stale K/V: never read
         if backend_type is CpuAttentionBackend:
-            backend = CpuAttentionBackend(cache, DIM**-0.5, kernels)
+            backend = CpuAttentionBackend(cache, dim**-0.5, kernels)
         else:
-            backend = TorchAttentionBackend(cache, DIM**-0.5)
+            backend = TorchAttentionBackend(cache, dim**-0.5)
         generator = torch.Generator().manual_seed(2)
         total = sum(query_lens)
-        q = torch.randn(total, HEADS, DIM, generator=generator).to(dtype)
-        k = torch.randn(total, KV_HEADS, DIM, generator=generator).to(dtype)
-        v = torch.randn(total, KV_HEADS, DIM, generator=generator).to(dtype)
+        q = torch.randn(total, heads, dim, generator=generator).to(dtype)
+        k = torch.randn(total, kv_heads, dim, generator=generator).to(dtype)
+        v = torch.randn(total, kv_heads, dim, generator=generator).to(dtype)
         ctx = context(backend, query_lens, seq_lens, tables)
         outputs.append([ctx.attention(layer, q, k, v) for layer in range(2)])
     for reference, fast in zip(*outputs, strict=True):
