@@ -68,8 +68,9 @@ def scattered_tables(seq_lens: list[int], num_blocks: int, seed: int) -> list[li
         ([1], [1]),
         ([1] * 5, [1, 17, 16, 300, 33]),
         ([1, 7, 1, 40, 1], [9, 7, 129, 64, 250]),  # mixed: prefill chunks among decodes
+        ([64, 3], [64, 200]),  # prefill only: a whole prompt, and a chunk over a cached prefix
     ],
-    ids=["one-token", "decode-ragged", "mixed"],
+    ids=["one-token", "decode-ragged", "mixed", "prefill"],
 )
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim"),

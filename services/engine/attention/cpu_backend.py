@@ -1,9 +1,11 @@
-"""Paged attention on the CPU with the C++ decode kernel (services/engine/cpu_kernels).
+"""Paged attention on the CPU with the C++ kernel of services/engine/cpu_kernels.
 
-Decoding sequences attend over the cache in place: no per-layer gather of K/V into padded
+Every new token attends over the cache in place: no per-layer gather of K/V into padded
 tensors, which was most of a CPU decode step (34% gather + 10% scatter at 16 sequences,
-docs/benchmarks.md). Prefill chunks and the K/V store are the torch backend's, which is also
-the reference these kernels are tested against (tests/engine/test_cpu_attention.py).
+docs/benchmarks.md). A prefill chunk's tokens are rows of the same kernel, each with its own
+causal length, which measured faster than SDPA over the gathered prefix (docs/benchmarks.md).
+The K/V store is the torch backend's, which is also the reference these kernels are tested
+against (tests/engine/test_cpu_attention.py).
 """
 
 from __future__ import annotations
@@ -27,21 +29,27 @@ class CpuAttentionBackend(TorchAttentionBackend):
         super().__init__(kv_cache, scale)
         self._kernels = kernels
 
-    def _decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        """q (b, Hq, D): one token of each decoding sequence of ctx, in batch order -> (b, Hq, D)."""
-        tables, lens = self._decoding_tables(ctx)
+        """Every new token, decoding or in a prefill chunk, attends from the cache once this
+        step's K/V are stored there: token t of sequence b sees positions 0 .. positions[t] of
+        b, which is causal attention over its cached prefix and its own chunk."""
+        k_cache = self.kv_cache.k[layer]  # (N, bs, Hkv, D)
+        v_cache = self.kv_cache.v[layer]
+        self._store(k_cache, v_cache, k, v, ctx.slot_mapping)
+        tables, lens = self._row_tables(ctx)
         return self._kernels.paged_decode(q, k_cache, v_cache, tables, lens, self.scale)  # type: ignore[no-any-return]
 
     @staticmethod
-    def _decoding_tables(ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block tables (b, nb) and lengths (b,) of the decoding sequences, once per batch."""
-        if "cpu_decode_tables" not in ctx.scratch:
+    def _row_tables(ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each new token's block table (T, nb) and the positions it sees (T,), once per batch."""
+        if "cpu_row_tables" not in ctx.scratch:
             if ctx.is_decode_only:
                 tables, lens = ctx.block_tables, ctx.seq_lens
             else:
-                subset = ctx.scratch["decoding_seqs"]
-                tables, lens = ctx.block_tables[subset], ctx.seq_lens[subset]
-            ctx.scratch["cpu_decode_tables"] = (tables.contiguous(), lens.contiguous())
-        return ctx.scratch["cpu_decode_tables"]  # type: ignore[no-any-return]
+                counts = torch.tensor(ctx.query_lens_cpu, device=ctx.block_tables.device)
+                tables = ctx.block_tables.repeat_interleave(counts, dim=0)  # (T, nb)
+                lens = ctx.positions + 1  # (T,)
+            ctx.scratch["cpu_row_tables"] = (tables.contiguous(), lens.contiguous())
+        return ctx.scratch["cpu_row_tables"]  # type: ignore[no-any-return]
