@@ -116,6 +116,21 @@ class BlockManager:
         self._num_hit_tokens += len(blocks) * bs
         return len(blocks) * bs
 
+    def keys_of_new_blocks(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> list[BlockKey]:
+        """The keys the full blocks among the sequence's first num_tokens tokens will have once computed, for
+        those past its chain (matched or already offered to the cache); nothing is registered. [] with prefix
+        caching off. The scheduler uses it to see which blocks a step is about to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        chain = self._chains.get(seq_id, [])
+        bs = self.block_size
+        keys: list[BlockKey] = []
+        parent = chain[-1] if chain else None
+        for i in range(len(chain), min(num_tokens, len(token_ids)) // bs):
+            parent = BlockKey(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+            keys.append(parent)
+        return keys
+
     def fork(self, parent_id: str, child_id: str, num_tokens: int) -> int:
         """Start a child sequence without blocks on the parent's full blocks covering its first num_tokens
         tokens (K/V already written), referencing each; return the tokens they cover. Works with prefix

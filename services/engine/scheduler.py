@@ -3,7 +3,11 @@
 Each step: running sequences first (one token each when decoding, the next
 chunk when still prefilling), then waiting sequences are admitted while the
 budget, the running cap and the KV cache allow. A waiting sequence starts
-from its longest prefix-cache hit. When a running sequence cannot get the
+from its longest prefix-cache hit. A waiting sequence whose first uncached
+block is one this step already computes for another sequence (requests
+arriving together with a shared prompt prefix) waits for the next step and
+then hits the cache, instead of computing the same K/V again; later waiting
+sequences may be admitted past it meanwhile. When a running sequence cannot get the
 blocks it needs, the most recently admitted sequence (or, with priority
 scheduling, the least important one) is preempted: its blocks are freed and
 it waits to be recomputed (prefix caching usually makes that cheap).
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from services.engine.block_manager import BlockManager
+from services.engine.block_pool import BlockKey
 from services.engine.sequence import Sequence, Status
 
 Policy = Literal["fcfs", "priority"]
@@ -102,6 +107,9 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
+        # Keys of the full prompt blocks this step computes: a waiting sequence about to compute one of
+        # them too waits a step and reads it from the cache instead.
+        computing: set[BlockKey] = set()
 
         for seq in list(self.running):
             if budget == 0:
@@ -118,6 +126,7 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 scheduled.append(ScheduledSequence(seq, num_new))
                 budget -= num_new
+                self._note_computed_prompt_blocks(seq, num_new, computing)
 
         # Admitting while preempting would only thrash the cache.
         for seq in [] if preempted else list(self.waiting):
@@ -128,6 +137,9 @@ class Scheduler:
             # Prompt log-probabilities need every prompt position computed, so no prefix hit then.
             use_cache = seq.prompt_logprob_start is None
             cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids) if use_cache else 0
+            if use_cache and computing and self._next_block_is_computing(seq, cached, computing):
+                self.block_manager.free(seq.seq_id)
+                continue
             num_new = min(seq.num_tokens - cached, budget)
             if not self.block_manager.allocate(seq.seq_id, cached + num_new):
                 self.block_manager.free(seq.seq_id)
@@ -140,8 +152,26 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
+            if use_cache:
+                self._note_computed_prompt_blocks(seq, num_new, computing)
 
         return SchedulerOutput(scheduled, preempted)
+
+    def _note_computed_prompt_blocks(self, seq: Sequence, num_new: int, computing: set[BlockKey]) -> None:
+        """Add the keys of the full prompt blocks that seq's num_new tokens of this step complete."""
+        if seq.num_computed_tokens >= seq.num_prompt_tokens:
+            return  # decoding: its blocks hold generated tokens, which no waiting prompt shares yet
+        end = min(seq.num_computed_tokens + num_new, seq.num_prompt_tokens)
+        computing.update(self.block_manager.keys_of_new_blocks(seq.seq_id, seq.token_ids, end))
+
+    def _next_block_is_computing(self, seq: Sequence, cached: int, computing: set[BlockKey]) -> bool:
+        """Whether the first block of seq past its `cached` tokens is among `computing` and one that
+        match_prefix could hit next step (never the block holding its last token)."""
+        bs = self.block_manager.block_size
+        if cached + bs > (seq.num_tokens - 1) // bs * bs:
+            return False
+        first = self.block_manager.keys_of_new_blocks(seq.seq_id, seq.token_ids, cached + bs)
+        return bool(first) and first[0] in computing
 
     def commit(self, output: SchedulerOutput) -> None:
         """The step's tokens now have K/V in the cache: advance the counts, publish full blocks. A sequence

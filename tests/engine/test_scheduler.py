@@ -188,3 +188,44 @@ def test_commit_skips_a_sequence_finished_while_its_step_ran(harness_factory: ty
     h.scheduler.remove(a)  # stopped on its previous token while this step ran
     h.scheduler.commit(out)
     assert a.num_computed_tokens == 0 and b.num_computed_tokens == 5
+
+
+def test_prompts_sharing_a_prefix_that_this_step_computes_wait_for_it_then_hit(
+    harness_factory: type[Harness],
+) -> None:
+    h = harness_factory(blocks=64, budget=64)
+    shared = list(range(100, 112))  # three full blocks of 4
+    first, second = make_seq("first", [*shared, 1, 2]), make_seq("second", [*shared, 3, 4, 5])
+    other = make_seq("other", list(range(200, 210)))
+    for seq in (first, second, other):
+        h.scheduler.add(seq)
+    # second would compute first's three blocks again: it waits; other, sharing nothing, goes ahead.
+    assert plan(h.step()) == [("first", 14), ("other", 10)]
+    assert plan(h.step()) == [("first", 1), ("other", 1), ("second", 3)]
+    assert second.num_cached_tokens == 12
+    assert h.blocks.block_table("second#0")[:3] == h.blocks.block_table("first#0")[:3]
+
+
+def test_a_shared_prefix_is_computed_once_per_step_only_with_prefix_caching(harness_factory: type[Harness]) -> None:
+    h = harness_factory(blocks=64, budget=64)
+    h.blocks.enable_prefix_caching = False
+    prompts = [[*range(100, 112), tail] for tail in (1, 2)]
+    for i, prompt in enumerate(prompts):
+        h.scheduler.add(make_seq(f"s{i}", prompt))
+    assert plan(h.step()) == [("s0", 13), ("s1", 13)]
+
+
+def test_a_prompt_equal_to_one_being_computed_is_not_held_back(harness_factory: type[Harness]) -> None:
+    # Its only shareable blocks are the ones match_prefix could hit; with a 5-token prompt that is one
+    # block, which first computes this step: so it waits once, then computes just its last token.
+    h = harness_factory(blocks=64, budget=64)
+    first, again = make_seq("first", list(range(5))), make_seq("again", list(range(5)))
+    h.scheduler.add(first)
+    h.scheduler.add(again)
+    assert plan(h.step()) == [("first", 5)]
+    assert plan(h.step()) == [("first", 1), ("again", 1)]
+    # A 4-token prompt has no block match_prefix could hit (its last token is always computed): no wait.
+    h2 = harness_factory(blocks=64, budget=64)
+    for rid in ("a", "b"):
+        h2.scheduler.add(make_seq(rid, list(range(4))))
+    assert plan(h2.step()) == [("a", 4), ("b", 4)]
