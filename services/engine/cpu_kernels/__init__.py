@@ -26,6 +26,7 @@ FILES = (
     "packed_linear.cpp",
     "elementwise.cpp",
     "common.h",
+    "ops.h",
 )
 SOURCES = tuple(Path(__file__).with_name(name) for name in FILES if name.endswith(".cpp"))
 # Sources and the header they include: what the build's digest covers.

@@ -15,12 +15,22 @@
 #include <torch/extension.h>
 
 #include "common.h"
+#include "ops.h"
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
 namespace {
+
+// Elements of work below which a call runs on the calling thread alone: opening a parallel region
+// and meeting at its barrier costs more than the arithmetic of a decode step's few rows (at 16
+// rows, 6 regions a layer cost ~10% of a bfloat16 step, docs/benchmarks.md).
+constexpr int64_t kSerialElements = 1 << 16;
+
+// at::parallel_for's grain for items of `per_item` elements each: serial below kSerialElements.
+inline int64_t grain_of(int64_t per_item) { return std::max<int64_t>(1, kSerialElements / std::max<int64_t>(1, per_item)); }
 
 template <typename T>
 inline float round_to(float x) {
@@ -29,7 +39,7 @@ inline float round_to(float x) {
 
 template <typename T>
 void norm_rows(const T* x, const T* weight, T* y, int64_t rows, int64_t dim, double eps) {
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain_of(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = x + r * dim;
       float squares = 0.f;
@@ -49,7 +59,7 @@ void norm_rows(const T* x, const T* weight, T* y, int64_t rows, int64_t dim, dou
 
 template <typename T>
 void add_rows(const T* x, const T* residual, T* summed, int64_t count) {
-  at::parallel_for(0, count, 4096, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, count, grain_of(1), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       summed[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(residual[i]));
     }
@@ -58,7 +68,7 @@ void add_rows(const T* x, const T* residual, T* summed, int64_t count) {
 
 template <typename T>
 void silu_mul_rows(const T* gate_up, T* y, int64_t rows, int64_t half) {
-  at::parallel_for(0, rows * half, 2048, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows * half, grain_of(8), [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t r = index / half, i = index % half;
       const float g = static_cast<float>(gate_up[r * 2 * half + i]);
@@ -73,7 +83,7 @@ template <typename T>
 void rotate_rows(const T* x, T* y, const float* cos, const float* sin, int64_t tokens, int64_t heads, int64_t dim,
                  int64_t x_stride) {
   const int64_t half = dim / 2;
-  at::parallel_for(0, tokens * heads, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tokens * heads, grain_of(dim), [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / heads, h = item % heads;
       const T* in = x + t * x_stride + h * dim;
@@ -95,6 +105,10 @@ void check(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16, name,
               " must be float32 or bfloat16");
 }
+
+}  // namespace
+
+namespace turnout_cpu {
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   check(x, "x");
@@ -150,11 +164,11 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
   return y;
 }
 
-}  // namespace
+}  // namespace turnout_cpu
 
 void register_elementwise(pybind11::module& m) {
-  m.def("rms_norm", &rms_norm, kReleaseGil, "weight * T(x * rsqrt(mean(x^2) + eps)) (CPU)");
-  m.def("add_rms_norm", &add_rms_norm, kReleaseGil, "(rms_norm(x + residual), x + residual) (CPU)");
-  m.def("silu_mul", &silu_mul, kReleaseGil, "silu(gate) * up over the halves of the last dimension (CPU)");
-  m.def("rotary", &rotary, kReleaseGil, "x (T, H, D) rotated by cos/sin (T, D/2), rotate-half layout (CPU)");
+  m.def("rms_norm", &turnout_cpu::rms_norm, kReleaseGil, "weight * T(x * rsqrt(mean(x^2) + eps)) (CPU)");
+  m.def("add_rms_norm", &turnout_cpu::add_rms_norm, kReleaseGil, "(rms_norm(x + residual), x + residual) (CPU)");
+  m.def("silu_mul", &turnout_cpu::silu_mul, kReleaseGil, "silu(gate) * up over the halves of the last dimension (CPU)");
+  m.def("rotary", &turnout_cpu::rotary, kReleaseGil, "x (T, H, D) rotated by cos/sin (T, D/2), rotate-half layout (CPU)");
 }

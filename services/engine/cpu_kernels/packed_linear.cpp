@@ -23,6 +23,7 @@
 #include <torch/extension.h>
 
 #include "common.h"
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -162,6 +163,10 @@ bool supported(torch::ScalarType dtype) {
 
 int64_t step_of(torch::ScalarType dtype) { return dtype == torch::kBFloat16 ? 2 : 1; }
 
+}  // namespace
+
+namespace turnout_cpu {
+
 // weight (out, in) -> packed (blocks, in / step, 16, step), zero rows past `out`.
 torch::Tensor pack_linear(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "weight must be (out, in)");
@@ -211,12 +216,12 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
   return y;
 }
 
-}  // namespace
+}  // namespace turnout_cpu
 
 void register_packed_linear(pybind11::module& m) {
-  m.def("pack_linear", &pack_linear, kReleaseGil, "weight (out, in) -> the layout packed_linear reads",
+  m.def("pack_linear", &turnout_cpu::pack_linear, kReleaseGil, "weight (out, in) -> the layout packed_linear reads",
         pybind11::arg("weight"));
-  m.def("packed_linear", &packed_linear, kReleaseGil, "x @ weight.T, weight from pack_linear (CPU)",
+  m.def("packed_linear", &turnout_cpu::packed_linear, kReleaseGil, "x @ weight.T, weight from pack_linear (CPU)",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("out"), pybind11::arg("bias") = pybind11::none());
   // Names of the dtypes packed_linear takes on this CPU (the build is -march=native).
   pybind11::list dtypes;

@@ -22,6 +22,7 @@
 #include <torch/extension.h>
 
 #include "common.h"
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -314,6 +315,10 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   });
 }
 
+}  // namespace
+
+namespace turnout_cpu {
+
 torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                            const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "q must be (B, Hq, D) with dense rows");
@@ -337,8 +342,8 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
   return out;
 }
 
-}  // namespace
+}  // namespace turnout_cpu
 
 void register_paged_decode(pybind11::module& m) {
-  m.def("paged_decode", &paged_decode, kReleaseGil, "paged decode attention over the cache in place (CPU)");
+  m.def("paged_decode", &turnout_cpu::paged_decode, kReleaseGil, "paged decode attention over the cache in place (CPU)");
 }
