@@ -165,6 +165,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         kernels = cpu_kernels.load()
         pack_linears(model, kernels)
         use_cpu_kernels(model, kernels)  # RMSNorm, rotary and SiLU-mul in one call each
+        model.model.use_cpu_decoder(kernels)  # and every layer of a forward in one call
     context = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:
         if config.max_model_len > context:

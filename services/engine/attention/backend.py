@@ -8,7 +8,7 @@ of services/engine/kernels/, for CUDA; interpreted on CPU in tests).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -67,6 +67,14 @@ class AttentionBackend(ABC):
     def __init__(self, kv_cache: KVCache, scale: float) -> None:
         self.kv_cache = kv_cache
         self.scale = scale
+
+    def run_cpu_decoder(
+        self, decoder: Any, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Every decoder layer of a forward in one call of cpu_kernels' CpuDecoder `decoder`, attending
+        the way this backend does: (hidden, residual) after the last layer, or None where this backend
+        cannot (the model then runs its layers one by one through forward())."""
+        return None
 
     @abstractmethod
     def forward(

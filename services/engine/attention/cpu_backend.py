@@ -11,7 +11,7 @@ against (tests/engine/test_cpu_attention.py).
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._store(k_cache, v_cache, k, v, ctx.slot_mapping)
         tables, lens = self._row_tables(ctx)
         return self._kernels.paged_decode(q, k_cache, v_cache, tables, lens, self.scale)  # type: ignore[no-any-return]
+
+    def run_cpu_decoder(
+        self, decoder: Any, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The decoder calls the same store and paged_decode as forward(), with the same row tables."""
+        tables, lens = self._row_tables(ctx)
+        return decoder.forward(hidden, self.kv_cache.k, self.kv_cache.v, *cos_sin, ctx.slot_mapping, tables, lens)  # type: ignore[no-any-return]
 
     @staticmethod
     def _row_tables(ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ FILES = (
     "paged_decode.cpp",
     "packed_linear.cpp",
     "elementwise.cpp",
+    "decoder.cpp",
     "common.h",
     "ops.h",
 )

@@ -8,9 +8,11 @@
 void register_paged_decode(pybind11::module& m);
 void register_elementwise(pybind11::module& m);
 void register_packed_linear(pybind11::module& m);
+void register_decoder(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_paged_decode(m);
   register_elementwise(m);
   register_packed_linear(m);
+  register_decoder(m);
 }

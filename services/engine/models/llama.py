@@ -13,13 +13,15 @@ ForwardContext; the attention call is the only place that touches the cache.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from types import ModuleType
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from services.engine.attention.context import ForwardContext
 from services.engine.models.layers import (
+    SILU_MUL_KERNEL_ROWS,
     GatedMLP,
     Linear,
     LMHead,
@@ -116,12 +118,66 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope)
 
+    # cpu_kernels' CpuDecoder over every layer, set by use_cpu_decoder: the same kernels the layers
+    # call, in one call per forward instead of ~25 Python calls per layer.
+    cpu_decoder: Any = None
+
+    def use_cpu_decoder(self, kernels: ModuleType | None) -> bool:
+        """Run this model's layers through one cpu_kernels.CpuDecoder call per forward where every
+        piece of them already runs on those kernels (packed_linear weights, C++ norms, rotary and
+        SiLU-mul: see layers.pack_linears and use_cpu_kernels) and no layer needs more (Qwen3's q/k
+        norms); returns whether it does. With None, the layers run one by one again."""
+        self.cpu_decoder = None
+        layers = [cast(LlamaDecoderLayer, layer) for layer in self.layers]
+        if kernels is None or not hasattr(kernels, "CpuDecoder") or not layers:
+            return False
+        linears: list[Linear] = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.q_norm is not None or layer.input_layernorm.cpu_ops is None or mlp.cpu_ops is None:
+                return False
+            linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        if self.rotary.cpu_ops is None or any(
+            lin.cpu_weight is None or lin.cpu_weight.kernel is None for lin in linears
+        ):
+            return False
+        qkv = layers[0].self_attn.qkv_proj
+        num_heads, num_kv_heads = qkv.shard_sizes[0] // qkv.head_dim, qkv.shard_sizes[1] // qkv.head_dim
+        eps = layers[0].input_layernorm.eps
+        decoder = kernels.CpuDecoder(
+            num_heads, num_kv_heads, qkv.head_dim, eps, qkv.head_dim**-0.5, SILU_MUL_KERNEL_ROWS
+        )
+
+        def weight(linear: Linear) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+            assert linear.cpu_weight is not None
+            bias = linear.bias.detach() if linear.bias is not None else None
+            return linear.cpu_weight.packed, linear.out_features, bias
+
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            decoder.add_layer(
+                layer.input_layernorm.weight.detach(),
+                layer.post_attention_layernorm.weight.detach(),
+                *weight(attn.qkv_proj),
+                *weight(attn.o_proj),
+                *weight(mlp.gate_up_proj),
+                *weight(mlp.down_proj),
+            )
+        self.cpu_decoder = decoder
+        return True
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # (T, hidden)
         rope = self.rotary(positions)  # shared by every layer
         residual: torch.Tensor | None = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, rope, ctx)
+        ran = None
+        if self.cpu_decoder is not None and rope.cos_sin is not None:
+            ran = ctx.backend.run_cpu_decoder(self.cpu_decoder, hidden, rope.cos_sin, ctx)
+        if ran is not None:
+            hidden, residual = ran
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, rope, ctx)
         assert residual is not None, "a model has at least one layer"
         hidden, _ = self.norm.add_forward(hidden, residual)
         return hidden  # (T, hidden)
