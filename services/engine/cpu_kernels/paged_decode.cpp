@@ -254,9 +254,21 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 #ifdef __AVX512F__
   const KvHeadFn<T> fast = kv_head_kernel<T>(head_dim, group);
 #endif
-  at::parallel_for(0, batch * chunks, 1, [&](int64_t begin, int64_t end) {
+  // Items differ in cost by their sequence's length, so a contiguous split of the item range can
+  // leave one thread with most of the work (64 sequences of 32-256 positions: 0.62 ms a layer
+  // against ~0.33 at the cache's read bandwidth). Thread slot t takes items t, t + slots, ... of
+  // the items sorted longest first, which balances the sums of lengths.
+  const int64_t items = batch * chunks;
+  std::vector<int64_t> order(items);
+  for (int64_t i = 0; i < items; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return lens[x / chunks] > lens[y / chunks]; });
+  const int64_t slots = std::max<int64_t>(1, std::min(threads, items));
+  at::parallel_for(0, slots, 1, [&](int64_t first_slot, int64_t end_slot) {
     std::vector<float> queries, acc, scores, top;
-    for (int64_t item = begin; item < end; ++item) {
+    for (int64_t slot = first_slot; slot < end_slot; ++slot)
+    for (int64_t k = slot; k < items; k += slots) {
+      const int64_t item = order[k];
       const int64_t b = item / chunks, c = item % chunks;
       const int64_t h0 = c * num_kv_heads / chunks, h1 = (c + 1) * num_kv_heads / chunks;
       const int64_t heads = (h1 - h0) * group;  // query heads of this item: h0*group .. h1*group-1
