@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.kernels.extend_attention import BLOCK_ROWS, extend_attention, extend_attention_reference
+from services.engine.kernels.extend_attention import extend_attention, extend_attention_reference
 from tests.engine.kernels.paged_cache import random_paged_batch
 
 HEAD_DIM = 16
@@ -27,7 +27,7 @@ def run_case(
     *,
     head_dim: int = HEAD_DIM,
     device: str = "cpu",
-    block_rows: int = BLOCK_ROWS,
+    block_rows: int | None = None,
     block_n: int | None = None,
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
