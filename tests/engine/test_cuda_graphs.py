@@ -46,7 +46,7 @@ WIDTH = blocks_per_sequence(MAX_MODEL_LEN, BLOCK_SIZE)  # 8
 MAX_BS = 16  # sizes 1, 2, 4, 8, 16
 # The torch backend (eager only: its decode reads host lengths) and the graph-safe Triton one.
 BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend, "triton": TritonAttentionBackend}
-on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+on_cuda = pytest.mark.cuda  # CUDA graphs need a CUDA device
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from services.engine.models.layers import RMSNorm, RotaryEmbedding, enable_fused
 from services.engine.models.llama import LlamaForCausalLM
 from tests.engine.model_fixtures import PagedSequences, build_tiny_checkpoint
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 # Tokens per sequence per step: a batched prefill, a chunk over the cached prefix beside a decode,
 # then decodes.
 SCHEDULE = [{"a": 7, "b": 5}, {"a": 6, "b": 1}, {"a": 1, "b": 1}, {"a": 1, "b": 1}]

@@ -124,7 +124,7 @@ def test_unsupported_setups_are_refused(monkeypatch: pytest.MonkeyPatch) -> None
         TritonAttentionBackend(cache(16), 1.0)
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.cuda
 # (cached, new) per sequence, within test_torch_backend's 256 blocks of 16 tokens.
 LLAMA3_MIXED = [(0, 300), (700, 1), (1000, 64), (37, 1), (1500, 1), (0, 1)]
 LLAMA3_DECODE = [(0, 1), (255, 1), (256, 1), (3000, 1), (17, 1)]

@@ -64,7 +64,7 @@ def test_single_sequence_and_default_tiles() -> None:
     run_case([(21, 12)], 4, 2, 4, torch.float32, seed=11)
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.cuda
 
 
 @cuda

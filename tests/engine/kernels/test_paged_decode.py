@@ -84,7 +84,7 @@ def test_partition_must_hold_whole_tiles() -> None:
                      partition_size=24, block_n=16)  # fmt: skip
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.cuda
 
 
 @cuda

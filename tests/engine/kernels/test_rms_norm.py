@@ -18,7 +18,7 @@ from services.engine.kernels.rms_norm import (
 from services.engine.models.layers import RMSNorm
 from tests.engine.kernels.poisoned_outputs import poisoned_outputs
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
 # (rows, dim): one row, rows sharing a program (dim 64 -> 64 rows a program), a partial last program,
