@@ -12,7 +12,7 @@ ahead-of-time tests (tests/engine/kernels/test_aot_compile.py) hold every specia
 - at least OCCUPANCY_FLOOR_WARPS warps resident per SM (gpu_occupancy.occupancy): two per warp
   scheduler, the fewest that let one warp's memory latency hide behind another's work.
 
-    python -m benchmarks.kernel_report [--arch 80 90 100] [--jobs N] [--json PATH]
+    python -m benchmarks.kernel_report [--arch 80 90 100] [--launcher rms_norm ...] [--jobs N] [--json PATH]
 
 Exits with status 1 when a specialisation fails a check.
 """
@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", choices=sorted(ARCHS), default=sorted(ARCHS))
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="compiles at once")
+    parser.add_argument("--launcher", nargs="+", default=None, help="only these launchers' calls, e.g. rms_norm")
     parser.add_argument("--json", type=Path, default=None, help="also write every specialisation and result here")
     args = parser.parse_args(argv)
-    result = run(args.arch, args.jobs)
+    result = run(args.arch, args.jobs, set(args.launcher) if args.launcher else None)
     if args.json is not None:
         args.json.write_text(json.dumps(result.to_json(), indent=1))
     print(f"Triton {result.triton}; cells: registers / spilled bytes / shared KiB / occupancy\n")
