@@ -127,7 +127,7 @@ def engine_calls(model: ModelDims, dtype: torch.dtype, device: torch.device | st
     def draw(width: int) -> Callable[[], object]:
         return lambda: exponential_race_argmax(empty(8, width, like=torch.float32), seed=2**40, offset=2**40)
 
-    calls = [
+    return [
         EngineCall("rms_norm", "first layer's input norm", lambda: rms_norm(x, weight, EPS)),
         EngineCall("fused_add_rms_norm", "residual add + norm", lambda: fused_add_rms_norm(x, residual, weight, EPS)),
         EngineCall("rotary_embedding", "q and k of every layer", lambda: rotary_embedding(q, k, positions, inv_freq)),
@@ -143,4 +143,3 @@ def engine_calls(model: ModelDims, dtype: torch.dtype, device: torch.device | st
         EngineCall("exponential_race_argmax", "draw over the vocabulary", draw(model.vocab_size)),
         *(EngineCall("exponential_race_argmax", f"draw over {w} candidates", draw(w)) for w in CANDIDATE_WIDTHS),
     ]
-    return calls
