@@ -27,7 +27,8 @@ from benchmarks.kernel_report import describe, problems
 from services.engine.kernels import paged_decode, sampling, tiling
 
 ARCHS = [int(a) for a in os.environ.get("TURNOUT_AOT_ARCHS", "90").split(",")]
-KERNELS = Path(__file__).parents[3] / "services" / "engine" / "kernels"
+ROOT = Path(__file__).parents[3]  # `python -m benchmarks...` imports from here (benchmarks is not installed)
+KERNELS = ROOT / "services" / "engine" / "kernels"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def aot(tmp_path_factory: pytest.TempPathFactory) -> AotRun:
     cache_dir().mkdir(parents=True, exist_ok=True)
     with open(cache_dir() / ".lock", "w") as lock:  # parallel test workers: one compiles, the others read its cache
         fcntl.flock(lock, fcntl.LOCK_EX)
-        subprocess.run(command, env=env, check=True, timeout=280)
+        subprocess.run(command, cwd=ROOT, env=env, check=True, timeout=280)
     return AotRun.from_json(json.loads(out.read_text()))
 
 
