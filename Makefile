@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda bench-soak bench-peers
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda bench-soak bench-peers kernel-report gpu-check
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -62,6 +62,18 @@ bench-grammar: model
 # Needs a GPU and no model download (random weights); ARGS=--smoke checks it on CPU in seconds.
 bench-cuda: install
 	$(PY) -m benchmarks.bench_cuda $(ARGS)
+
+# Registers, spills, shared memory and occupancy of every Triton kernel the engine launches, per
+# specialisation and architecture (sm_80, sm_90, sm_100), compiled ahead of time: no GPU needed, about
+# two minutes the first time (docs/benchmarks.md). Fails if one breaks a check of the AOT tests.
+kernel-report: install
+	env -u TRITON_INTERPRET $(PY) -m benchmarks.kernel_report $(ARGS)
+
+# The first GPU session's kit, one command: the CUDA-only tests, every kernel test on the GPU, bench-cuda
+# for both shapes and the kernel report for this GPU, into gpu-check/report.md (ARGS="--out DIR").
+# Without CUDA it runs its CPU smoke mode in seconds (make test runs that mode too).
+gpu-check: install
+	$(PY) -m benchmarks.gpu_check $(ARGS)
 
 # Soak: 10,000 mixed requests (completions, chat, streams, n>1, logprobs, stop strings, JSON schemas,
 # clients hanging up, invalid ones) through `turnout serve`; outcomes and every service's RSS; fails on

@@ -1,10 +1,10 @@
 """Llama-shaped models with random weights, for benchmarks that need no checkpoint.
 
 `SHAPES` holds the shapes of Llama-3.2-1B and Llama-3.1-8B (the values of their
-config.json files) and a `tiny` one for smoke runs. `write_model_folder` writes a
-model folder holding config.json only (no weights, no tokenizer: the engine reads the
-tokenizer only for grammars and think tags, lazily); `random_loaded_model` builds the
-model through the engine's own `load_model`, with every weight drawn at random directly
+config.json files), of the default model SmolLM2-135M-Instruct, and a `tiny` one for smoke
+runs. `write_model_folder` writes a model folder holding config.json only (no weights, no
+tokenizer: the engine reads the tokenizer only for grammars and think tags, lazily);
+`random_loaded_model` builds the model through the engine's own `load_model`, with every weight drawn at random directly
 on the device in the engine's dtype instead of read from a checkpoint:
 
     folder = write_model_folder(SHAPES["8b"], tmp)
@@ -155,6 +155,22 @@ SHAPES: dict[str, ModelShape] = {
         max_position_embeddings=131072,
         rope_theta=500000.0,
         rope_scaling=_llama3_rope(8.0),
+    ),
+    # HuggingFaceTB/SmolLM2-135M-Instruct, the default model (turnout/default_model.py): 134,515,008 parameters.
+    "135m": ModelShape(
+        name="smollm2-135m-shaped",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        bos_token_id=1,
+        eos_token_id=2,
     ),
     # Smoke runs on CPU: the same structure (GQA 4/2, llama3 rope, tied), seconds to run.
     "tiny": ModelShape(

@@ -23,6 +23,16 @@ os.environ[INTERNAL_TOKEN_ENV] = TEST_INTERNAL_TOKEN
 os.environ[ADMIN_KEY_ENV] = TEST_ADMIN_KEY
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` are skipped where there is no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder (converted once per machine, cached on disk)."""

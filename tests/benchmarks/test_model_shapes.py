@@ -105,3 +105,22 @@ LLAMA_32_1B = {
 def test_config_json_holds_the_published_values(key: str, published: dict[str, object]) -> None:
     ours = SHAPES[key].config_json()
     assert {name: ours[name] for name in published} == published
+
+
+def test_135m_shape_is_the_default_model(default_model_dir: Path, tmp_path: Path) -> None:
+    assert SHAPES["135m"].total_params == 134_515_008  # HuggingFaceTB/SmolLM2-135M-Instruct
+    real = AutoConfig.from_pretrained(default_model_dir)
+    ours = AutoConfig.from_pretrained(write_model_folder(SHAPES["135m"], tmp_path))
+    for name in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "eos_token_id",
+    ):
+        assert getattr(ours, name) == getattr(real, name), name

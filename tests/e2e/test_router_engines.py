@@ -358,7 +358,8 @@ async def test_killed_engine_under_load(start_router: Callable[..., Router], bac
             outcome = Outcome(time.monotonic())
             outcomes.append(outcome)
             try:
-                async for response in stub.Generate(request(prompt(rng), 160), timeout=30):
+                # Deadlines far above a stream's time on an idle machine: on a busy one it takes many times longer.
+                async for response in stub.Generate(request(prompt(rng), 64), timeout=120):
                     if response.WhichOneof("kind") == "chunk":
                         outcome.had_output = True
                     else:
@@ -381,7 +382,7 @@ async def test_killed_engine_under_load(start_router: Callable[..., Router], bac
         killed_at = time.monotonic()
         await asyncio.sleep(2.5)
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*clients), 40)  # nothing hangs
+        await asyncio.wait_for(asyncio.gather(*clients), 150)  # nothing hangs
 
     before = [o for o in outcomes if o.started < killed_at]
     after = [o for o in outcomes if o.started > killed_at]

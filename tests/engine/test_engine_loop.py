@@ -229,7 +229,7 @@ def test_auto_is_bfloat16_on_a_cpu_that_has_it(
     assert model_loader.pick_dtype("auto", torch.device("cpu"), "float32") == expected
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_loads_bfloat16_weights_straight_onto_the_device(tiny_model_dir: Path) -> None:
     on_gpu = load_model(EngineConfig(model=tiny_model_dir))  # device and dtype auto; the checkpoint is float32
     assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.bfloat16

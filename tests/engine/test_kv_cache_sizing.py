@@ -43,7 +43,7 @@ from services.engine.models.llama import LlamaForCausalLM
 from tests.engine.model_fixtures import build_tiny_checkpoint, poison
 
 MIB = 1 << 20
-on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the memory profile needs a CUDA device")
+on_cuda = pytest.mark.cuda  # the memory profile needs a CUDA device
 PROFILE = MemoryProfile(
     total_bytes=80 * GIB,
     in_use_bytes=20 * GIB,  # 2 GiB held by others before the engine loaded, then 18 GiB of its own

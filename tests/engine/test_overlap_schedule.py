@@ -453,7 +453,7 @@ async def test_engine_loop_streams_and_drains(tiny_model_dir: Path, loaded: Load
     assert core.block_manager.usage == 0.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_overlap_gives_the_plain_outputs(tiny_model_dir: Path) -> None:
     """Where the device really runs ahead: tokens and log-probabilities reach the host through pinned
     copies and an event, while the next forward pass is queued. Only ends by length, so both schedules

@@ -17,10 +17,10 @@ import torch
 
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.kernels import interpreting, triton_runs_on
-from services.engine.kernels.extend_attention import BLOCK_ROWS, extend_attention
+from services.engine.kernels.extend_attention import extend_attention
 from services.engine.kernels.kv_store import kv_store
 from services.engine.kernels.paged_decode import PARTITION_SIZE, paged_decode
-from services.engine.kernels.tiling import MIN_DOT_SIZE, kv_tile_size
+from services.engine.kernels.tiling import MIN_DOT_SIZE, kv_tile_size, query_tile_rows
 
 if TYPE_CHECKING:
     from services.engine.attention.context import ForwardContext
@@ -47,17 +47,18 @@ class TritonAttentionBackend(AttentionBackend):
         *,
         decode_partition_size: int = PARTITION_SIZE,
         block_n: int | None = None,
-        block_rows: int = BLOCK_ROWS,
+        block_rows: int | None = None,
     ) -> None:
         """`decode_partition_size` tokens per split-K partition of the decode kernel; `block_n`
         cached positions per K/V tile (default: tiling.kv_tile_size) and `block_rows` query rows per
-        extend program, powers of two >= 16 (tests shrink them to cross tiles on short sequences)."""
+        extend program (default: tiling.query_tile_rows), powers of two >= 16 (tests shrink them to
+        cross tiles on short sequences)."""
         pool = kv_cache.k[0]  # (N + 1, bs, Hkv, D)
         reason = unsupported_reason(pool.shape[-1], pool.dtype, pool.device)
         if reason is not None:
             raise ValueError(reason)
         tile = block_n or kv_tile_size(pool.dtype)
-        for name, size in (("block_n", tile), ("block_rows", block_rows)):
+        for name, size in (("block_n", tile), ("block_rows", block_rows or query_tile_rows(pool.dtype))):
             if size < MIN_DOT_SIZE or size & (size - 1):
                 raise ValueError(f"{name} must be a power of two >= {MIN_DOT_SIZE}, got {size}")
         if decode_partition_size % tile:

@@ -23,10 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.engine.kernels.tiling import LOG2E, MIN_DOT_SIZE, kv_tile_size
-
-# Query rows ((token, head) pairs) per program.
-BLOCK_ROWS = 64
+from services.engine.kernels.tiling import LOG2E, MIN_DOT_SIZE, attention_warps, kv_tile_size, query_tile_rows
 
 
 @triton.jit
@@ -125,14 +122,15 @@ def extend_attention(
     seq_lens: torch.Tensor,
     scale: float,
     *,
-    block_rows: int = BLOCK_ROWS,
+    block_rows: int | None = None,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q (T, Hq, D), caches (N + 1, bs, Hkv, D), block_tables (B, W) int64, query_start_loc (B+1,)
     int64, seq_lens (B,) int64 -> causal attention of every new token over its cached sequence
-    (T, Hq, D). `block_rows` query rows per program and `block_n` cached positions per K/V tile
-    (default: tiling.kv_tile_size), powers of two >= 16. Written into `out` (like q) when given."""
+    (T, Hq, D). `block_rows` query rows per program (default: tiling.query_tile_rows) and `block_n`
+    cached positions per K/V tile (default: tiling.kv_tile_size), powers of two >= 16. Written into
+    `out` (like q) when given."""
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -141,6 +139,7 @@ def extend_attention(
         return out
     group = num_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
+    block_rows = block_rows or query_tile_rows(k_cache.dtype)
     block_q = max(block_rows, MIN_DOT_SIZE) // block_g or 1  # at least MIN_DOT_SIZE rows
     _extend_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
@@ -162,6 +161,7 @@ def extend_attention(
         BLOCK_Q=block_q,
         HEAD_DIM=head_dim,
         BLOCK_N=block_n or kv_tile_size(k_cache.dtype),
+        num_warps=attention_warps(k_cache.dtype),
     )
     return out
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.engine.kernels.tiling import LOG2E, MIN_DOT_SIZE, kv_tile_size
+from services.engine.kernels.tiling import LOG2E, MIN_DOT_SIZE, attention_warps, kv_tile_size
 
 # Tokens per split-K partition (a multiple of the K/V tile, tiling.kv_tile_size).
 PARTITION_SIZE = 256
@@ -215,6 +215,7 @@ def paged_decode(
         PARTITION=partition_size,
         BLOCK_N=block_n,
         SINGLE_PARTITION=single,
+        num_warps=attention_warps(k_cache.dtype),
     )
     if not single:
         _merge_kernel[(batch, num_heads)](

@@ -69,6 +69,6 @@ def test_caches_of_different_layouts_are_refused() -> None:
         kv_store(k, k, torch.zeros(3, 4, 2, 16), torch.zeros(3, 4, 2, 8), torch.zeros(1, dtype=torch.int64), 8)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_llama3_shapes() -> None:
     run_case(500, 8, 128, 16, torch.bfloat16, torch.bfloat16, seed=0, device="cuda")

@@ -14,7 +14,7 @@ from services.engine.kernels.rotary import rotary_embedding, rotary_embedding_re
 from services.engine.models.layers import RotaryEmbedding, apply_rotary, rope_inv_freq
 from tests.engine.kernels.poisoned_outputs import poisoned_outputs
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LLAMA3 = {
     "rope_type": "llama3",

@@ -16,7 +16,7 @@ from services.engine.kernels.sampling import (
 )
 from tests.engine.kernels.poisoned_outputs import poisoned_outputs
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.cuda
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEG_INF = float("-inf")
 # (seed, offset) pairs, incl. a seed using Philox's high key word and an offset past 2^32 (high counter word).
