@@ -151,7 +151,7 @@ def start_router(backends: Backends) -> Iterator[Callable[..., Router]]:
             args += ["--engine", address]
         service = Service("router", args, backends.logs / f"router{len(started)}.log").start()
         started.append(service)
-        service.wait_healthy(30)
+        service.wait_healthy()  # a deadline for a hung start: a busy machine can take a minute to import grpc
         return Router(service)
 
     yield start

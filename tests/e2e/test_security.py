@@ -71,11 +71,11 @@ def services(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     started = [engine.start(), tokenizer.start()]
     try:
         engine.wait_healthy(180)
-        tokenizer.wait_healthy(60)
+        tokenizer.wait_healthy()
         args = ["router", "--engine", engine.address, "--tokenizer", tokenizer.address, "--api-key", API_KEY]
         router = Service("router", args, logs / "r.log").start()
         started.append(router)
-        router.wait_healthy(60)
+        router.wait_healthy()
         yield Services(engine, tokenizer, router)
     finally:
         for service in started:
