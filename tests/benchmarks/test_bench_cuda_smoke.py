@@ -24,8 +24,10 @@ def test_smoke_run_measures_every_section(tmp_path: Path, capsys: pytest.Capture
     assert tiny["shape"]["total_params"] == SHAPES["tiny"].total_params
 
     decode = tiny["decode"]
-    assert decode["decode_step_ms"] > decode["decode_floor_ms"] > 0
-    assert 0 < decode["decode_fraction"] < 1
+    # Not step > floor: on a busy CPU the ceilings, measured before the run, can come out lower than
+    # what the run then gets, so the "floor" is no bound there (it is on an idle GPU).
+    assert decode["decode_step_ms"] > 0 and decode["decode_floor_ms"] > 0
+    assert decode["decode_fraction"] > 0
     assert decode["cached_tokens"] == 0
     for concurrency in SMOKE.concurrency:
         run = tiny["throughput"][str(concurrency)]
