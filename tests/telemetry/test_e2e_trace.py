@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,12 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
             with contextlib.suppress(json.JSONDecodeError):  # a line that merely starts with "{"
                 entries.append(json.loads(line))
     return entries
+
+
+def _engine_spans(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The engine's spans of the request, among the log's JSON lines."""
+    spans = [e for e in entries if "context" in e and "resource" in e]
+    return [s for s in spans if s["attributes"].get("turnout.request_id") == REQUEST_ID and "Engine" in s["name"]]
 
 
 @pytest.mark.timeout(300)
@@ -49,14 +56,17 @@ def test_trace_context_crosses_every_process(
         assert "turnout_router_requests_total" in httpx.get(urls["router"], timeout=5).text
         assert "turnout_tokenizer_requests_total" in httpx.get(urls["tokenizer"], timeout=5).text
         assert "turnout_launcher_child_restarts_total" in httpx.get(urls["launcher"], timeout=5).text
+        # Spans are exported every 100 ms by a background thread, which a busy core may not run for
+        # seconds: wait for the engine's before stopping the stack (a child slow to stop is killed).
+        deadline = time.monotonic() + 60
+        while not _engine_spans(_json_lines(log_path.read_text())) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         stack.stop()  # every service exports its queued spans as it exits
 
     entries = _json_lines(log_path.read_text())
     spans = [e for e in entries if "context" in e and "resource" in e]
-    (engine_span,) = [
-        s for s in spans if s["attributes"].get("turnout.request_id") == REQUEST_ID and "Engine" in s["name"]
-    ]
+    (engine_span,) = _engine_spans(entries)
     trace_id = engine_span["context"]["trace_id"]
     in_trace = [s for s in spans if s["context"]["trace_id"] == trace_id]
     services = {s["resource"]["attributes"]["service.name"] for s in in_trace}

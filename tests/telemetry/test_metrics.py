@@ -4,6 +4,7 @@ router's and tokenizer's registries (the engine's scraped over real HTTP, as Pro
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import httpx
@@ -63,6 +64,17 @@ async def test_counters_move_on_every_service(tiny_model_dir: Path, loaded: Load
         finally:
             server.shutdown()
 
+        # A stream is counted when its server side ends, which can trail the reply the gateway already
+        # returned (a Detokenize stream ends after the router read its last text): wait for all four.
+        def counted() -> bool:
+            routed = text(stack.router.request_metrics.registry)
+            tokenized = text(stack.tokenizer_metrics.registry)
+            detokenized = value(tokenized, "turnout_tokenizer_requests_total", method="Detokenize", code="OK")
+            return value(routed, "turnout_router_requests_total", status="OK") >= 4 and detokenized >= 4
+
+        deadline = time.monotonic() + 30
+        while not counted() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         router = text(stack.router.request_metrics.registry)
         tokenizer = text(stack.tokenizer_metrics.registry)
 
