@@ -23,10 +23,12 @@ log = logging.getLogger(__name__)
 FILES = (
     "module.cpp",
     "paged_decode.cpp",
+    "paged_prefill.cpp",
     "packed_linear.cpp",
     "elementwise.cpp",
     "decoder.cpp",
     "common.h",
+    "simd.h",
     "ops.h",
 )
 SOURCES = tuple(Path(__file__).with_name(name) for name in FILES if name.endswith(".cpp"))
