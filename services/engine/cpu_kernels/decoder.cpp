@@ -13,7 +13,7 @@
 //   hidden           = packed_linear(paged_decode or paged_prefill(q, caches, ...), o)
 //   hidden, residual = add_rms_norm(hidden, residual, post_attention_norm)
 //   gate_up          = packed_linear(hidden, gate_up)                 (T, 2I)
-//   hidden           = packed_linear(silu(gate) * up, down)           (silu_mul kernel at <= kSiluRows)
+//   hidden           = packed_linear(silu_mul(gate_up), down)
 // and forward returns (hidden, residual) of the last layer: the model's final norm adds them.
 
 #include <torch/extension.h>
@@ -43,16 +43,12 @@ struct Layer {
 
 class CpuDecoder {
  public:
-  // silu_kernel_rows: up to this many rows SiLU-mul runs as one kernel call, above it as torch's
-  // silu and mul (layers.py's SILU_MUL_KERNEL_ROWS, so both paths round alike).
-  CpuDecoder(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-             int64_t silu_kernel_rows)
+  CpuDecoder(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale)
       : num_heads_(num_heads),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         eps_(eps),
-        scale_(scale),
-        silu_kernel_rows_(silu_kernel_rows) {
+        scale_(scale) {
     TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
                 "bad head shape");
   }
@@ -116,13 +112,7 @@ class CpuDecoder {
       hidden = layer.o(attended.view({tokens, q_width}));
       std::tie(hidden, residual) = turnout_cpu::add_rms_norm(hidden, residual, layer.post_attention_norm, eps_);
       const torch::Tensor gate_up = layer.gate_up(hidden);  // (T, 2I)
-      torch::Tensor activated;
-      if (tokens <= silu_kernel_rows_) {
-        activated = turnout_cpu::silu_mul(gate_up);
-      } else {
-        const int64_t half = gate_up.size(1) / 2;
-        activated = at::silu(gate_up.narrow(1, 0, half)) * gate_up.narrow(1, half, half);
-      }
+      const torch::Tensor activated = turnout_cpu::silu_mul(gate_up);
       hidden = layer.down(activated);
     }
     return {hidden, residual};
@@ -131,7 +121,6 @@ class CpuDecoder {
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;
-  int64_t silu_kernel_rows_;
   std::vector<Layer> layers_;
 };
 
@@ -139,9 +128,8 @@ class CpuDecoder {
 
 void register_decoder(pybind11::module& m) {
   pybind11::class_<CpuDecoder>(m, "CpuDecoder", "A Llama-family decoder's layers run in one call (CPU)")
-      .def(pybind11::init<int64_t, int64_t, int64_t, double, double, int64_t>(), pybind11::arg("num_heads"),
-           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"),
-           pybind11::arg("silu_kernel_rows"))
+      .def(pybind11::init<int64_t, int64_t, int64_t, double, double>(), pybind11::arg("num_heads"),
+           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"))
       .def("add_layer", &CpuDecoder::add_layer)
       .def_property_readonly("num_layers", &CpuDecoder::num_layers)
       .def("forward", &CpuDecoder::forward, pybind11::arg("embeddings"), pybind11::arg("k_caches"),

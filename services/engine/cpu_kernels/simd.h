@@ -44,8 +44,8 @@ inline void store16(c10::BFloat16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
-// e^x for x <= 0 (softmax's shifted scores), to ~1 ulp: Cephes' expf polynomial on
-// x - n ln2, times 2^n. Inputs below -87.3 give e^-87.3, not 0: mask those lanes.
+// e^x to ~1 ulp: Cephes' expf polynomial on x - n ln2, times 2^n. Inputs below -87.3 give
+// e^-87.3, not 0 (mask those lanes where 0 matters); above ~88.7 the result is +inf.
 inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),

@@ -171,11 +171,6 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
-# Up to this many rows GatedMLP's SiLU-mul is one C++ call instead of three torch ops: there the
-# calls' dispatch, not their arithmetic, is the cost (the kernel's exp is scalar).
-SILU_MUL_KERNEL_ROWS = 2
-
-
 @dataclass(frozen=True)
 class CpuWeight:
     """A CPU linear layer's weight packed once for the matmul that reads it."""
@@ -250,8 +245,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # (T, 2I)
-        if self.cpu_ops is not None and gate_up.shape[0] <= SILU_MUL_KERNEL_ROWS:
-            # One call instead of three where dispatch, not arithmetic, is the cost (its exp is scalar).
+        if self.cpu_ops is not None:
+            # One vectorised pass instead of torch's silu, then mul through a (T, I) temporary.
             return self.down_proj(self.cpu_ops.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)  # (T, I) each
         return self.down_proj(F.silu(gate) * up)  # (T, hidden)

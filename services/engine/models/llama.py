@@ -21,7 +21,6 @@ from torch import nn
 
 from services.engine.attention.context import ForwardContext
 from services.engine.models.layers import (
-    SILU_MUL_KERNEL_ROWS,
     GatedMLP,
     Linear,
     LMHead,
@@ -144,9 +143,7 @@ class LlamaModel(nn.Module):
         qkv = layers[0].self_attn.qkv_proj
         num_heads, num_kv_heads = qkv.shard_sizes[0] // qkv.head_dim, qkv.shard_sizes[1] // qkv.head_dim
         eps = layers[0].input_layernorm.eps
-        decoder = kernels.CpuDecoder(
-            num_heads, num_kv_heads, qkv.head_dim, eps, qkv.head_dim**-0.5, SILU_MUL_KERNEL_ROWS
-        )
+        decoder = kernels.CpuDecoder(num_heads, num_kv_heads, qkv.head_dim, eps, qkv.head_dim**-0.5)
 
         def weight(linear: Linear) -> tuple[torch.Tensor, int, torch.Tensor | None]:
             assert linear.cpu_weight is not None
