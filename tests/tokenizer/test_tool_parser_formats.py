@@ -134,6 +134,14 @@ CASES: list[tuple[str, str, str, Calls]] = [
         [("a", "{}"), ("b", '{"x": 1}')],
     ),
     ("phi4_mini_json", "Use functools.partial here.", "Use functools.partial here.", []),
+    # A tag that opened no calls leaves the text after it to be read again: the later call is found
+    # however the chunks fall (the text is given back only up to where the form broke).
+    (
+        "phi4_mini_json",
+        'import functools; functools[{"name": "f", "arguments": {}}]',
+        "import functools; ",
+        [("f", "{}")],
+    ),
     (
         "qwen3_coder",
         QWEN3_CODER_CALL,
@@ -180,6 +188,12 @@ CASES: list[tuple[str, str, str, Calls]] = [
         [],
     ),
     ("deepseek_v3", "no calls here", "no calls here", []),
+    (
+        "deepseek_v3",
+        DS_CALLS_BEGIN + "oops " + DS_CALLS_BEGIN + ds_call("f", "{}") + DS_CALLS_END,
+        DS_CALLS_BEGIN + "oops ",
+        [("f", "{}")],
+    ),
 ]
 
 KIMI = (

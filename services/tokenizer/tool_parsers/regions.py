@@ -76,9 +76,11 @@ class CallArrayReader:
     """A JSON array of call objects, each reported as soon as it is complete (mistral, tool_choice required).
 
     `[{"name": ..., "arguments"|"parameters": {...}}, ...]`; a single object without
-    the brackets is read as a one-call array. Text that breaks the form is released
-    from the end of the last reported call on (with `prefix`, the text that opened the
-    stretch, when no call was reported at all), and the stretch ends there.
+    the brackets is read as a one-call array. When the form breaks, the text from the
+    end of the last reported call (with `prefix`, the text that opened the stretch,
+    when no call was reported at all) up to where it broke is released, and the
+    stretch ends there: the parser reads on from that point, so a later tag still
+    opens calls, wherever the chunks happened to end.
     """
 
     def __init__(self, start: int, prefix: str = "") -> None:
@@ -112,7 +114,7 @@ class CallArrayReader:
             elif buf[pos] == "{":
                 self._bare_object, self._pos, self._state = True, pos, _Array.ELEMENT
             else:
-                self._release(buf, step)
+                self._release(buf, step, pos)
             return True
         if self._state is _Array.ELEMENT:
             if buf[pos] == "]" and self._reported + len(step.calls) == 0 and not self._bare_object:
@@ -126,13 +128,13 @@ class CallArrayReader:
             try:
                 end = self._scanner.scan(buf)
             except NotJson:
-                self._release(buf, step)
+                self._release(buf, step, self._element_start)
                 return True
             if end is None:
                 return False
             call = parse_call(buf[self._element_start : end])
             if call is None:
-                self._release(buf, step)
+                self._release(buf, step, end)
                 return True
             step.calls.append(FoundCall(*call))
             self._unreported_from = end
@@ -145,18 +147,19 @@ class CallArrayReader:
         elif buf[pos] == "]":
             step.end = pos + 1
         else:
-            self._release(buf, step)
+            self._release(buf, step, pos)
         return True
 
-    def _release(self, buf: str, step: RegionStep) -> None:
-        """Give back everything held that was not reported as a call; the stretch is over."""
+    def _release(self, buf: str, step: RegionStep, upto: int | None = None) -> None:
+        """Give back the held text not reported as a call, up to `upto` (default: all); the stretch is over."""
+        end = len(buf) if upto is None else max(upto, self._unreported_from)
         prefix = "" if self._reported + len(step.calls) else self._prefix
-        step.end, step.released = len(buf), prefix + buf[self._unreported_from :]
+        step.end, step.released = end, prefix + buf[self._unreported_from : end]
 
 
 def call_array(body: str) -> list[FoundCall] | None:
     """A whole JSON array of call objects (or one bare object) and nothing else but whitespace (jamba)."""
     step = CallArrayReader(0).read(body, True)
-    if step.released or step.end is None or body[step.end :].strip():
+    if not step.calls or step.released or step.end is None or body[step.end :].strip():
         return None
     return step.calls

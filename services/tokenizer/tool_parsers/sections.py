@@ -4,8 +4,9 @@
 
 The parser found SECTION_BEGIN; this reader takes the text from there. Whitespace
 between calls is dropped. A call body `parse_one` refuses, or text that breaks the
-form, is released as content from the end of the last reported call on (with the
-section tag when no call was reported) and the section ends there. At the end of
+form, is released as content from the end of the last reported call (with the
+section tag when no call was reported) up to where it broke, and the section ends
+there; the parser reads on from that point. At the end of
 the output, a section whose end tag never came keeps its complete calls, and a
 last call cut before its end tag still counts when its body parses.
 """
@@ -61,7 +62,7 @@ class SectionReader:
             body_end = len(buf) if index < 0 else index
             call = self._parse_one(buf[body_start:body_end])
             if call is None:
-                self._release(buf, step)
+                self._release(buf, step, len(buf) if index < 0 else index + len(self._call_end))
                 return True
             step.calls.append(call)
             self._pos = self._unreported_from = len(buf) if index < 0 else index + len(self._call_end)
@@ -69,14 +70,14 @@ class SectionReader:
         if not rest or self._section_end.startswith(rest) or self._call_begin.startswith(rest):
             if last:  # only whitespace (dropped) or a cut-off tag (released) is left
                 if rest:
-                    self._release(buf, step)
+                    self._release(buf, step, len(buf))
                 else:
                     step.end = len(buf)
                 return True
             return False
-        self._release(buf, step)
+        self._release(buf, step, pos)
         return True
 
-    def _release(self, buf: str, step: RegionStep) -> None:
+    def _release(self, buf: str, step: RegionStep, upto: int) -> None:
         prefix = "" if self._reported + len(step.calls) else self._section_tag
-        step.end, step.released = len(buf), prefix + buf[self._unreported_from :]
+        step.end, step.released = upto, prefix + buf[self._unreported_from : upto]
