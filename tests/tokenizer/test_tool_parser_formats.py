@@ -189,6 +189,45 @@ CASES: list[tuple[str, str, str, Calls]] = [
     ),
     ("deepseek_v3", "no calls here", "no calls here", []),
     (
+        "deepseek_v31",
+        "Checking.\n"
+        + DS_CALLS_BEGIN
+        + DS_CALL_BEGIN
+        + "get_weather"
+        + DS_SEP
+        + '{"city": "Hangzhou"}'
+        + DS_CALL_END
+        + DS_CALL_BEGIN
+        + "get_time"
+        + DS_SEP
+        + "{}"
+        + DS_CALL_END
+        + DS_CALLS_END,
+        "Checking.\n",
+        [("get_weather", '{"city": "Hangzhou"}'), ("get_time", "{}")],
+    ),
+    (
+        "deepseekv31",
+        DS_CALLS_BEGIN + DS_CALL_BEGIN + "f" + DS_SEP + "[1]" + DS_CALL_END + DS_CALLS_END,
+        DS_CALLS_BEGIN + DS_CALL_BEGIN + "f" + DS_SEP + "[1]" + DS_CALL_END + DS_CALLS_END,
+        [],
+    ),
+    (
+        "glm45",
+        "I will check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+        "<arg_key>date</arg_key>\n<arg_value>2024-06-27</arg_value>\n</tool_call>"
+        "<tool_call>get_time\n<arg_key>utc</arg_key>\n<arg_value>true</arg_value>\n</tool_call>",
+        "I will check.\n",
+        [("get_weather", '{"city": "Beijing", "date": "2024-06-27"}'), ("get_time", '{"utc": true}')],
+    ),
+    ("glm", "<tool_call>list_files\n</tool_call>", "", [("list_files", "{}")]),
+    (
+        "glm45",
+        '<tool_call>{"name": "f"}</tool_call>',
+        '<tool_call>{"name": "f"}</tool_call>',
+        [],
+    ),
+    (
         "deepseek_v3",
         DS_CALLS_BEGIN + "oops " + DS_CALLS_BEGIN + ds_call("f", "{}") + DS_CALLS_END,
         DS_CALLS_BEGIN + "oops ",
@@ -262,6 +301,8 @@ def test_a_call_is_reported_before_the_section_ends(name: str, head: str) -> Non
 # Every tool-call-parser name of vLLM and SGLang that names a format we read.
 VLLM_NAMES = [
     "deepseek_v3",
+    "deepseek_v31",
+    "glm45",
     "granite",
     "hermes",
     "internlm",
@@ -278,6 +319,9 @@ VLLM_NAMES = [
 ]
 SGLANG_NAMES = [
     "deepseekv3",
+    "deepseekv31",
+    "glm",
+    "glm45",
     "hermes",
     "interns1",
     "kimi_k2",
@@ -298,6 +342,8 @@ def test_peer_names_resolve(name: str) -> None:
 def test_spellings_of_one_format_are_one_parser() -> None:
     for one, other in [
         ("deepseek_v3", "deepseekv3"),
+        ("deepseek_v31", "deepseekv31"),
+        ("glm45", "glm"),
         ("internlm", "interns1"),
         ("qwen3_coder", "qwen3_xml"),
         ("llama3_json", "llama3"),

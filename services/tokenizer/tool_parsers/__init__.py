@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from services.tokenizer.tool_parsers.base import ToolCallPiece, ToolParse, ToolParser
 from services.tokenizer.tool_parsers.constrained import NamedCallParser, RequiredCallsParser
-from services.tokenizer.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser
+from services.tokenizer.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser, DeepSeekV31ToolParser
+from services.tokenizer.tool_parsers.glm45 import Glm45ToolParser
 from services.tokenizer.tool_parsers.granite import GraniteToolParser
 from services.tokenizer.tool_parsers.internlm import InternLMParser
 from services.tokenizer.tool_parsers.jamba import JambaParser
@@ -31,7 +32,9 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "phi4_mini_json": Phi4MiniJsonParser,
     "qwen3_coder": Qwen3CoderParser,
     "deepseek_v3": DeepSeekV3ToolParser,
+    "deepseek_v31": DeepSeekV31ToolParser,
     "kimi_k2": KimiK2ToolParser,
+    "glm45": Glm45ToolParser,
 }
 
 # Other names the peers give the same formats.
@@ -42,6 +45,8 @@ TOOL_ALIASES: dict[str, str] = {
     "interns1": "internlm",  # SGLang
     "qwen3_xml": "qwen3_coder",  # vLLM
     "deepseekv3": "deepseek_v3",  # SGLang
+    "deepseekv31": "deepseek_v31",  # SGLang
+    "glm": "glm45",  # SGLang
 }
 TOOL_PARSERS.update({alias: TOOL_PARSERS[name] for alias, name in TOOL_ALIASES.items()})
 

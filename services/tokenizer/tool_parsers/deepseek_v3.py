@@ -8,6 +8,9 @@
 (written here with `|`: the model's bars are U+FF5C FULLWIDTH VERTICAL LINE, and
 `▁` is U+2581). Text before the section is content; each call is reported when
 its `<|tool▁call▁end|>` arrives.
+
+DeepSeek-V3.1 (vLLM deepseek_v31, SGLang deepseekv31) drops the type and the fence:
+`<|tool▁call▁begin|>get_weather<|tool▁sep|>{"city": "Paris"}<|tool▁call▁end|>`.
 """
 
 from __future__ import annotations
@@ -40,8 +43,21 @@ def deepseek_call(body: str) -> FoundCall | None:
     return FoundCall(name, arguments) if name else None
 
 
+def deepseek_v31_call(body: str) -> FoundCall | None:
+    name, sep, arguments = body.partition(SEP)
+    name, arguments = name.strip(), arguments.strip()
+    if not sep or not name or "\n" in name:
+        return None
+    try:
+        object_members(arguments)
+    except NotJson:
+        return None
+    return FoundCall(name, arguments)
+
+
 class DeepSeekV3ToolParser(TagStartedParser):
     start_tag = CALLS_BEGIN
+    parse_one = staticmethod(deepseek_call)
 
     def _reader_at(self, start: int) -> RegionReader:
         return SectionReader(
@@ -50,5 +66,9 @@ class DeepSeekV3ToolParser(TagStartedParser):
             section_end=CALLS_END,
             call_begin=CALL_BEGIN,
             call_end=CALL_END,
-            parse_one=deepseek_call,
+            parse_one=self.parse_one,
         )
+
+
+class DeepSeekV31ToolParser(DeepSeekV3ToolParser):
+    parse_one = staticmethod(deepseek_v31_call)
