@@ -13,7 +13,7 @@ from services.tokenizer.tool_parsers.regions import CallArrayReader, RegionReade
 
 
 class GraniteToolParser(LeadingCallsParser):
-    openers_tags = ("<|tool_call|>", "<tool_call>")
+    lead_tags = ("<|tool_call|>", "<tool_call>")
     opener = "["
 
     def _reader_at(self, start: int, prefix: str) -> RegionReader:

@@ -1,9 +1,9 @@
 """Parsers whose calls must open the answer (granite, pythonic / llama4_pythonic).
 
-After leading whitespace and any of the format's optional tags, the answer must
+After leading whitespace and any of the format's optional `lead_tags`, the answer must
 start with `opener` for a region reader to take over; otherwise the whole answer
 is content (as vLLM reads these formats). Once the calls end, optional closing
-tags (`closers`) and the whitespace around them are dropped and the rest is
+tags (`trail_tags`) and the whitespace around them are dropped and the rest is
 content. Calls that turn out invalid give back everything held, the tags too.
 """
 
@@ -25,9 +25,9 @@ class _State(enum.Enum):
 
 class LeadingCallsParser(ToolParser):
     # Tags that may come before the calls, each at most once, in this order.
-    openers_tags: tuple[str, ...] = ()
+    lead_tags: tuple[str, ...] = ()
     opener: str
-    closers: tuple[str, ...] = ()
+    trail_tags: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,7 +61,7 @@ class LeadingCallsParser(ToolParser):
 
     def _lead(self, last: bool) -> None:
         pos = len(self._buf) - len(self._buf.lstrip())
-        for tag in self.openers_tags:
+        for tag in self.lead_tags:
             rest = self._buf[pos:]
             if rest.startswith(tag):
                 pos += len(tag)
@@ -76,7 +76,7 @@ class LeadingCallsParser(ToolParser):
 
     def _after(self, last: bool) -> None:
         rest = self._buf.lstrip()
-        for tag in self.closers:
+        for tag in self.trail_tags:
             if rest.startswith(tag):
                 rest = rest[len(tag) :].lstrip()
             elif not last and rest and tag.startswith(rest):

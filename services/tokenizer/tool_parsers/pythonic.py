@@ -105,9 +105,9 @@ class PythonListReader:
 
 
 class PythonicParser(LeadingCallsParser):
-    openers_tags = ("<|python_start|>",)
+    lead_tags = ("<|python_start|>",)
     opener = "["
-    closers = ("<|python_end|>",)
+    trail_tags = ("<|python_end|>",)
 
     def _reader_at(self, start: int, prefix: str) -> RegionReader:
         return PythonListReader(start, prefix)
