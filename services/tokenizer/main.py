@@ -24,15 +24,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--reasoning-parser",
         default=None,
         choices=sorted(REASONING_PARSERS),
-        help="split the model's thinking block into reasoning_text for requests with separate_reasoning; vLLM's and "
-        "SGLang's names are accepted (docs/reasoning.md; default: none)",
+        help="split <think> blocks into reasoning_text for requests with separate_reasoning (default: none)",
     )
     parser.add_argument(
         "--tool-call-parser",
         default=None,
         choices=sorted(TOOL_PARSERS),
-        help="read tool calls in the model's format from the output for tool_choice 'auto'; vLLM's and SGLang's names "
-        "are accepted (docs/structured-outputs.md; default: none: such requests are refused)",
+        help="read tool calls from the output for tool_choice 'auto' (default: none; such requests are refused)",
     )
     parser.add_argument("--log-level", default=None)
     add_limit_flags(parser.add_argument_group("limits per request"))
