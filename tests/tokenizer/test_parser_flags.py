@@ -8,6 +8,8 @@ import pytest
 
 from services.tokenizer import main as tokenizer_main
 from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.reasoning import reasoning_parser_class
+from services.tokenizer.tool_parsers import tool_parser_class
 from turnout import launcher
 
 
@@ -51,6 +53,8 @@ def test_the_peers_spellings_are_accepted_from_serve_to_the_config(
 ) -> None:
     argv = tokenizer_argv(monkeypatch, ["--reasoning-parser", reasoning, "--tool-call-parser", tool])
     args = tokenizer_main.build_parser().parse_args(argv[argv.index("tokenizer") + 1 :])
-    assert (args.reasoning_parser, args.tool_call_parser) == (reasoning, tool)
+    # The flags may pass the name on as given or in its canonical spelling: either names the same parser.
+    assert reasoning_parser_class(args.reasoning_parser) is reasoning_parser_class(reasoning)
+    assert tool_parser_class(args.tool_call_parser) is tool_parser_class(tool)
     config = TokenizerConfig(model=default_model_dir, reasoning_parser=reasoning, tool_call_parser=tool)
     assert (config.reasoning_parser, config.tool_call_parser) == (reasoning, tool)
