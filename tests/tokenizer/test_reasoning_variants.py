@@ -130,8 +130,11 @@ def test_token_counter_with_an_implicit_end() -> None:
 
 
 # Every reasoning-parser name of vLLM and SGLang that names a parser we have.
-VLLM_NAMES = ["deepseek_r1", "deepseek_v3", "glm45", "granite", "kimi_k2", "qwen3"]
-SGLANG_NAMES = ["deepseek-r1", "deepseek-v3", "glm45", "kimi", "kimi_k2", "qwen3", "qwen3-thinking"]
+VLLM_NAMES = ["deepseek_r1", "deepseek_v3", "glm45", "granite", "kimi_k2", "qwen3", "step3"]
+SGLANG_NAMES = [
+    *["deepseek-r1", "deepseek-v3", "glm45", "interns1", "kimi", "kimi_k2", "minimax", "qwen3", "qwen3-thinking"],
+    "step3",
+]
 
 
 @pytest.mark.parametrize("name", VLLM_NAMES + SGLANG_NAMES)
@@ -142,3 +145,6 @@ def test_peer_names_resolve(name: str) -> None:
 def test_spellings_of_one_model_are_one_parser() -> None:
     assert REASONING_PARSERS["deepseek_r1"] is REASONING_PARSERS["deepseek-r1"]
     assert REASONING_PARSERS["deepseek_v3"] is REASONING_PARSERS["deepseek-v3"]
+    assert REASONING_PARSERS["step3"] is REASONING_PARSERS["deepseek-r1"]
+    assert REASONING_PARSERS["minimax"] is REASONING_PARSERS["qwen3-thinking"]
+    assert REASONING_PARSERS["interns1"] is REASONING_PARSERS["qwen3"]

@@ -30,6 +30,10 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
 REASONING_ALIASES: dict[str, str] = {
     "deepseek_r1": "deepseek-r1",  # vLLM
     "deepseek_v3": "deepseek-v3",  # vLLM
+    # Models both peers read with a parser we have (SGLang maps these names to the same detectors).
+    "step3": "deepseek-r1",  # StepFun Step3: everything before </think> (vLLM's step3 reads it so too)
+    "minimax": "qwen3-thinking",  # MiniMax-M1/M2: always thinks (SGLang: Qwen3's detector, forced)
+    "interns1": "qwen3",  # Intern-S1: Qwen3's tags and enable_thinking switch
 }
 REASONING_PARSERS.update({alias: REASONING_PARSERS[name] for alias, name in REASONING_ALIASES.items()})
 
