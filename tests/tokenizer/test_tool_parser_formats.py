@@ -331,6 +331,7 @@ SGLANG_NAMES = [
     "qwen",
     "qwen25",
     "qwen3_coder",
+    "step3p5",
 ]
 
 
@@ -346,6 +347,7 @@ def test_spellings_of_one_format_are_one_parser() -> None:
         ("glm45", "glm"),
         ("internlm", "interns1"),
         ("qwen3_coder", "qwen3_xml"),
+        ("qwen3_coder", "step3p5"),
         ("llama3_json", "llama3"),
         ("llama3_json", "llama4_json"),
         ("pythonic", "llama4_pythonic"),

@@ -44,6 +44,7 @@ TOOL_ALIASES: dict[str, str] = {
     "llama4_pythonic": "pythonic",  # vLLM: the list, optionally in <|python_start|> … <|python_end|>
     "interns1": "internlm",  # SGLang
     "qwen3_xml": "qwen3_coder",  # vLLM
+    "step3p5": "qwen3_coder",  # SGLang: Step-3.5 writes Qwen3-Coder's XML form
     "deepseekv3": "deepseek_v3",  # SGLang
     "deepseekv31": "deepseek_v31",  # SGLang
     "glm": "glm45",  # SGLang
