@@ -160,6 +160,7 @@ def _detokenize_start(
         no_stop_trim=params.no_stop_trim,
         separate_reasoning=request.separate_reasoning,
         thinking_open=prompt.thinking_open,
+        thinking_off=prompt.thinking_off,
         tool_calling=request.tool_calling,
     )
     for flag in ("skip_special_tokens", "spaces_between_special_tokens"):
