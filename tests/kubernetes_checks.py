@@ -558,6 +558,7 @@ COMMON_CHECKS: dict[str, Check] = {
 # build -> the checks it must pass.
 CHECKS: dict[str, dict[str, Check]] = {
     "base": {**COMMON_CHECKS, "device": device_check(gpu=False)},
+    "single-node": {**COMMON_CHECKS, "device": device_check(gpu=False)},
     "gpu": {**COMMON_CHECKS, "device": device_check(gpu=True)},
     "autoscaling": {**COMMON_CHECKS, "device": device_check(gpu=True), "autoscaling": check_autoscaling},
 }

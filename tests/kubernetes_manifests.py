@@ -26,10 +26,11 @@ TEST_SECRETS = "TURNOUT_INTERNAL_TOKEN=k8s-test-token\n"
 
 Resource = dict[str, Any]
 
-# The builds the suite checks: the CPU base, the GPU overlay, and the GPU overlay with the
-# autoscaling component (the overlay an operator would write, made in the copy).
+# The builds the suite checks: the CPU base, the one-node and GPU overlays, and the GPU overlay
+# with the autoscaling component (the overlay an operator would write, made in the copy).
 BUILDS = {
     "base": "base",
+    "single-node": "overlays/single-node",
     "gpu": "overlays/gpu",
     "autoscaling": "overlays/test-autoscaling",
 }

@@ -466,3 +466,12 @@ def test_grace_follows_the_code(built: dict[str, list[Resource]], monkeypatch: p
 
     monkeypatch.setattr(checks, "drain_seconds", lambda command: 120.0 if command == "tokenizer" else 1.0)
     assert [p for p in check_grace(built["base"]) if "turnout-tokenizer" in p]
+
+
+def test_models_volume_is_shared_across_nodes_unless_there_is_one(built: dict[str, list[Resource]]) -> None:
+    def modes(build: str) -> list[str]:
+        (claim,) = find(built[build], "PersistentVolumeClaim")
+        return list(claim["spec"]["accessModes"])
+
+    assert modes("base") == modes("gpu") == ["ReadWriteMany"]
+    assert modes("single-node") == ["ReadWriteOnce"]
