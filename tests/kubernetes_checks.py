@@ -368,7 +368,7 @@ def check_security(resources: list[Resource]) -> list[str]:
 
 def check_model_volume(resources: list[Resource]) -> list[str]:
     """model-init writes --output into a PersistentVolumeClaim; engine and tokenizer read --model
-    from the same claim, mounted read-only, and wait for the folder."""
+    from the same claim, mounted read-only (no fsGroup: nothing to chown), and wait for the folder."""
     problems = []
     writers = [c for c in containers(resources) if component(c) == "model-init" and not c.init]
     if len(writers) != 1:
@@ -391,6 +391,8 @@ def check_model_volume(resources: list[Resource]) -> list[str]:
             problems.append(f"{c.where}: --model {args.model} is not on claim {claim}")
         elif not (mount or {}).get("readOnly"):
             problems.append(f"{c.where}: the model volume is mounted writable")
+        if (c.pod.get("securityContext") or {}).get("fsGroup") is not None:
+            problems.append(f"{c.where}: an fsGroup has the kubelet walk the whole model volume at each start")
         waits = [i for i in c.pod.get("initContainers") or [] if f"{args.model}/config.json" in str(i.get("command"))]
         if not waits:
             problems.append(f"{c.where}: no init container waits for {args.model}/config.json")

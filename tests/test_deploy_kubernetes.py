@@ -403,6 +403,7 @@ BROKEN: dict[str, tuple[str, str, Mutation]] = {
             lambda j: j["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0].update(readOnly=True),
         ),
     ),
+    "fsGroup on a reader": ("base", "model_volume", _edit_pod(ENGINE, _set("securityContext.fsGroup", 1000))),
     "no wait for the model": ("base", "model_volume", _edit_pod(TOKENIZER, lambda p: p.pop("initContainers"))),
     "grace shorter than the drain": ("base", "grace", _edit_pod(ENGINE, _set("terminationGracePeriodSeconds", 30))),
     "no preStop": ("base", "grace", _edit_container(GATEWAY, lambda c: c.pop("lifecycle"))),
