@@ -150,7 +150,8 @@ def check_commands(resources: list[Resource]) -> list[str]:
 
 
 def check_ports(resources: list[Resource]) -> list[str]:
-    """The named container ports are the ports the flags say; services listen beyond loopback."""
+    """The named container ports are the ports the flags say, and so is the scrape annotation;
+    services listen beyond loopback."""
     problems = []
     for c, args in serving(resources):
         main = "http" if args.command == "gateway" else "grpc"
@@ -161,6 +162,13 @@ def check_ports(resources: list[Resource]) -> list[str]:
             problems.append(f"{c.where}: port 'metrics' is {c.port('metrics')}, --metrics-port is {metrics_port}")
         if args.host != "0.0.0.0":
             problems.append(f"{c.where}: --host {args.host} is unreachable from other pods")
+        # Scrape annotations (the gateway serves /metrics on its HTTP port).
+        annotations = c.workload["spec"]["template"]["metadata"].get("annotations") or {}
+        scraped = metrics_port if args.command != "gateway" else args.port
+        if annotations.get("prometheus.io/scrape") == "true" and annotations.get("prometheus.io/port") != str(scraped):
+            problems.append(
+                f"{c.where}: prometheus.io/port {annotations.get('prometheus.io/port')}, metrics on {scraped}"
+            )
     return problems
 
 

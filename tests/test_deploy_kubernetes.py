@@ -263,6 +263,13 @@ BROKEN: dict[str, tuple[str, str, Mutation]] = {
     "gateway runs the router": ("base", "commands", _replace_arg(GATEWAY, "gateway", "router")),
     "wrong container port": ("base", "ports", _edit_container(ENGINE, _set_port("grpc", 50052))),
     "wrong metrics port": ("base", "ports", _edit_container(ROUTER, _set_port("metrics", 9090))),
+    "scrape annotation on the gRPC port": (
+        "base",
+        "ports",
+        _edit(
+            *ENGINE, lambda w: w["spec"]["template"]["metadata"]["annotations"].update({"prometheus.io/port": "50051"})
+        ),
+    ),
     "loopback bind": ("base", "ports", _replace_arg(TOKENIZER, "0.0.0.0", "127.0.0.1")),
     "probe on another port": ("base", "probes", _edit_container(ENGINE, _set("readinessProbe.grpc.port", 9091))),
     "gRPC probe on the gateway": (
