@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
 
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -45,11 +49,12 @@ def build_lora_adapter(
     return out
 
 
-def merged_reference(base_dir: Path, adapter_dir: Path) -> object:
+def merged_reference(base_dir: Path, adapter_dir: Path) -> nn.Module:
     """transformers' model of `base_dir` with the adapter at `adapter_dir` merged by peft (float32)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
+    merged: nn.Module = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    return merged.eval()

@@ -61,18 +61,18 @@ class LoraManager:
         self.shapes: dict[str, tuple[int, int]] = {}
         for layer in layers:
             per_layer: dict[str, LoraWeights] = {}
-            for path, names in TARGETS.items():
-                linear = _linear(layer, path)
+            for target, names in TARGETS.items():
+                linear = _linear(layer, target)
                 sizes = tuple(getattr(linear, "shard_sizes", (linear.out_features,)))
                 lora = LoraWeights(linear.in_features, sizes, max_loras, max_rank, weight.dtype, weight.device)
                 linear.lora = lora
-                per_layer[path] = lora
+                per_layer[target] = lora
                 self.shapes.update({name: (linear.in_features, size) for name, size in zip(names, sizes, strict=True)})
             self._weights.append(per_layer)
         self._adapters: dict[str, LoraAdapter] = {}
         self._uids = itertools.count(1)
-        for name, path in modules:
-            self.load(name, path)
+        for name, folder in modules:
+            self.load(name, folder)
 
     # -- names ----------------------------------------------------------------
 
