@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def peft_model(base_dir: Path, *, seed: int, rank: int, alpha: float, targets: Sequence[str], rslora: bool) -> object:
+def peft_model(base_dir: Path, *, seed: int, rank: int, alpha: int, targets: Sequence[str], rslora: bool) -> object:
     """The base model (float32) wrapped by peft with one seeded random LoRA adapter, not merged."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -39,7 +39,7 @@ def build_lora_adapter(
     *,
     seed: int,
     rank: int = 8,
-    alpha: float = 16,
+    alpha: int = 16,
     targets: Sequence[str] = ALL_TARGETS,
     rslora: bool = False,
 ) -> Path:
