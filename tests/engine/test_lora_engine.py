@@ -22,7 +22,7 @@ from turnout.errors import InvalidArgument
 ADAPTERS = {
     "all": {"seed": 1, "rank": 8, "alpha": 16},
     "qv": {"seed": 2, "rank": 4, "alpha": 8, "targets": ("q_proj", "v_proj"), "rslora": True},
-    "mlp": {"seed": 3, "rank": 16, "alpha": 8, "targets": ("gate_proj", "up_proj", "down_proj")},
+    "mlp": {"seed": 3, "rank": 16, "alpha": 64, "targets": ("gate_proj", "up_proj", "down_proj")},
 }
 MAX_RANK = 16
 
