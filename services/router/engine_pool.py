@@ -192,7 +192,7 @@ class EnginePool:
             return next(iter(known.values()))
         if name in known:
             return known[name]
-        adapters = sorted({a.name for info in known.values() for a in info.lora_adapters})
+        adapters = sorted({a.name for e in self.engines if e.model is not None for a in e.model.lora_adapters})
         also = f"; LoRA adapters: {', '.join(adapters)}" if adapters else ""
         raise NotFound(f"model {name!r} does not exist; served models: {', '.join(known)}{also}")
 
