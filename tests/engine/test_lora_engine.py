@@ -206,3 +206,28 @@ def test_adapters_over_the_rank_limit_or_with_other_targets_are_refused(
     with pytest.raises(InvalidArgument, match="'qv' is not loaded"):
         engine.unload_lora("qv")
     assert engine.lora_adapters() == [("all", str(adapters["all"]))]
+
+
+def test_steps_with_adapter_tokens_leave_the_cpu_decoder(
+    tiny_model_dir: Path, loaded: LoadedModel, adapters: dict[str, Path]
+) -> None:
+    """The C++ decoder knows nothing of LoRA: a step with an adapter token runs the layers one by one
+    (else the adapter would be silently ignored); base-only steps keep the one-call decoder."""
+    if loaded.model.model.cpu_decoder is None:  # type: ignore[union-attr]
+        pytest.skip("the CPU decoder is not built for this CPU and dtype")
+    engine = lora_engine(tiny_model_dir, loaded, adapters)
+    backend = engine.runner.backend
+    calls: list[bool] = []  # per forward: whether the step had adapter tokens
+    original = backend.run_cpu_decoder
+
+    def spy(decoder, hidden, cos_sin, ctx):  # type: ignore[no-untyped-def]
+        calls.append(ctx.lora is not None)
+        return original(decoder, hidden, cos_sin, ctx)
+
+    backend.run_cpu_decoder = spy  # type: ignore[method-assign]
+    batch = prompts(loaded, 2, seed=15)
+    run(engine, {0: [lora_request(loaded, "base", batch[0], None)]})
+    assert calls and not any(calls)
+    calls.clear()
+    run(engine, {0: lora_requests(loaded, "m", batch, [None, "all"])})
+    assert calls == []
