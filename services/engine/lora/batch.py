@@ -15,7 +15,7 @@ base model's path, the CPU decoder and the CUDA graphs, stays as it was.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,16 @@ class LoraBatch:
     seg_starts: torch.Tensor  # (G+1,) int64
     seg_slots: torch.Tensor  # (G,) int64
     max_segment: int  # most tokens of one segment (the grouped kernel's grid)
+    # slot_mask() results per (slots, dtype), made once per step and shared by every projection.
+    _masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def slot_mask(self, num_slots: int, dtype: torch.dtype) -> torch.Tensor:
+        """(T, num_slots) one-hot of each token's slot in `dtype`; all zeros for a base-model token."""
+        key = (num_slots, dtype)
+        if key not in self._masks:
+            slots = torch.arange(num_slots, device=self.token_slots.device)
+            self._masks[key] = (self.token_slots[:, None] == slots[None, :]).to(dtype)
+        return self._masks[key]
 
     @property
     def num_tokens(self) -> int:

@@ -21,6 +21,12 @@ import torch
 from services.engine.kernels import triton_runs_on
 from services.engine.lora.batch import LoraBatch
 
+# Where the stacked ranks of all slots (S * W) are at most this wide, the torch path multiplies every
+# token by every slot's A and B at once and masks (see _dense): on a CPU the per-adapter loop's small
+# matmuls, gathers and scatters cost more than the extra columns, which at serving ranks are a small
+# share of the base matmul. Wider, the per-adapter loop (grouped_matmul_reference) serves.
+DENSE_MAX_WIDTH = 512
+
 
 class LoraWeights:
     def __init__(
@@ -35,8 +41,13 @@ class LoraWeights:
         self.shard_sizes = shard_sizes
         self.max_rank = max_rank
         width = len(shard_sizes) * max_rank
-        self.a = torch.zeros(num_slots, in_features, width, dtype=dtype, device=device)
+        self.num_slots, self.width = num_slots, width
+        # a is a (S, in, W) view of one (in, S * W) matrix, and b one (S * W, out) matrix viewed
+        # (S, W, out): the dense pass below multiplies every slot at once without a copy.
+        self._a_all = torch.zeros(in_features, num_slots * width, dtype=dtype, device=device)
+        self.a = self._a_all.view(in_features, num_slots, width).permute(1, 0, 2)  # (S, in, W)
         self.b = torch.zeros(num_slots, width, sum(shard_sizes), dtype=dtype, device=device)
+        self._b_all = self.b.view(num_slots * width, -1)  # (S * W, out)
         # Where CUDA runs Triton, the grouped kernel (kernels/lora_matmul.py); the torch loop elsewhere.
         self.use_kernel = device.type == "cuda" and triton_runs_on(device)
 
@@ -66,9 +77,20 @@ class LoraWeights:
             from services.engine.kernels.lora_matmul import lora_grouped_matmul
 
             delta = lora_grouped_matmul(x, self.a, self.b, batch)  # (L, out)
+        elif self.num_slots * self.width <= DENSE_MAX_WIDTH:
+            return y.add_(self._dense(x, batch).to(y.dtype))
         else:
             delta = grouped_matmul_reference(x, self.a, self.b, batch)
         return y.index_add_(0, batch.order, delta.to(y.dtype))
+
+    def _dense(self, x: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+        """Every token through every slot at once, each keeping only its own slot's rank columns (base
+        tokens none): two matmuls and a mask instead of a pair of matmuls per adapter plus a gather
+        and a scatter. The masked columns are exact zeros, so the sums equal the grouped pass's."""
+        mid = x @ self._a_all  # (T, S * W)
+        mask = batch.slot_mask(self.num_slots, mid.dtype)  # (T, S)
+        mid = (mid.view(-1, self.num_slots, self.width) * mask[:, :, None]).view(-1, self.num_slots * self.width)
+        return mid @ self._b_all  # (T, out)
 
 
 def grouped_matmul_reference(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
