@@ -77,20 +77,20 @@ class LoraWeights:
             from services.engine.kernels.lora_matmul import lora_grouped_matmul
 
             delta = lora_grouped_matmul(x, self.a, self.b, batch)  # (L, out)
-        elif self.num_slots * self.width <= DENSE_MAX_WIDTH:
-            return y.add_(self._dense(x, batch).to(y.dtype))
+        elif self.num_slots * self.width <= DENSE_MAX_WIDTH and x.dtype == y.dtype == self.b.dtype:
+            return self._add_dense(y, x, batch)
         else:
             delta = grouped_matmul_reference(x, self.a, self.b, batch)
         return y.index_add_(0, batch.order, delta.to(y.dtype))
 
-    def _dense(self, x: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+    def _add_dense(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
         """Every token through every slot at once, each keeping only its own slot's rank columns (base
-        tokens none): two matmuls and a mask instead of a pair of matmuls per adapter plus a gather
-        and a scatter. The masked columns are exact zeros, so the sums equal the grouped pass's."""
+        tokens none): two matmuls and a mask (three calls: a decode step's cost is their dispatch)
+        instead of a pair of matmuls per adapter plus a gather and a scatter. The masked columns are
+        exact zeros, so the sums equal the grouped pass's."""
         mid = x @ self._a_all  # (T, S * W)
-        mask = batch.slot_mask(self.num_slots, mid.dtype)  # (T, S)
-        mid = (mid.view(-1, self.num_slots, self.width) * mask[:, :, None]).view(-1, self.num_slots * self.width)
-        return mid @ self._b_all  # (T, out)
+        mid.view(-1, self.num_slots, self.width).mul_(batch.slot_mask(self.num_slots, mid.dtype)[:, :, None])
+        return y.addmm_(mid, self._b_all)  # (T, out)
 
 
 def grouped_matmul_reference(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
