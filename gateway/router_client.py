@@ -139,7 +139,6 @@ class RouterClient:
         metadata = (("authorization", f"Bearer {admin_key}"),)
         return await self.admin.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.timeout_s, metadata=metadata)
 
-
     async def load_lora_adapter(self, admin_key: str, name: str, path: str) -> None:
         """RouterAdmin.LoadLoraAdapter as the caller holding `admin_key` (the router and each engine check it)."""
         assert self.admin is not None, "RouterClient built without the admin stub"
