@@ -76,6 +76,9 @@ def test_adapter_by_model_and_by_lora_path_equals_peft_merged(
     assert completion["choices"][0]["text"] == by_path["text"]  # type: ignore[index,call-overload]
     base = generate(lora_stack, input_ids=PROMPT)
     assert base["output_ids"] != expected  # type: ignore[index,call-overload]
+    # An adapter tokenizes as its base model.
+    tokens = httpx.post(f"{lora_stack.base_url}/tokenize", json={"model": "sql", "prompt": "Hello there"}).json()
+    assert tokens["tokens"] and tokens["max_model_len"] == 4096
 
 
 def test_lora_path_one_per_prompt_in_a_batch(lora_stack: Stack) -> None:

@@ -115,7 +115,8 @@ class LoraManager:
         if adapter is not None:
             return adapter
         wanted = Path(name_or_path).expanduser().resolve()
-        for adapter in self._adapters.values():
+        # A copy: requests are resolved on the gRPC thread while the step thread may load or unload.
+        for adapter in list(self._adapters.values()):
             if adapter.path.expanduser().resolve() == wanted:
                 return adapter
         raise LoraError(f"unknown LoRA adapter {name_or_path!r}{self._known()}")
