@@ -69,12 +69,8 @@ class LLMEngine:
         self.loaded = loaded or load_model(config)
         # Whether sampling draws unseeded batches in the fused kernel (--sampling-backend).
         self.fused_draw = fused_draw_for(config.sampling_backend, self.loaded.device)
-        pool = size_kv_pool(config, self.loaded, self._make_backend)
-        if pool.max_model_len != self.loaded.max_model_len:
-            self.loaded = self.loaded.with_max_model_len(pool.max_model_len)
-        blocks = pool.blocks
-        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        # The LoRA adapters (--enable-lora): their slots' weights are attached to the model's projections.
+        # The LoRA adapters (--enable-lora): their slots' weights are attached to the model's projections,
+        # before the KV pool is sized, so the memory they take is not handed to the pool too.
         self.loras = (
             LoraManager(
                 self.loaded.model,
@@ -85,6 +81,11 @@ class LLMEngine:
             if config.enable_lora
             else None
         )
+        pool = size_kv_pool(config, self.loaded, self._make_backend)
+        if pool.max_model_len != self.loaded.max_model_len:
+            self.loaded = self.loaded.with_max_model_len(pool.max_model_len)
+        blocks = pool.blocks
+        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_batched_tokens=config.max_num_batched_tokens,

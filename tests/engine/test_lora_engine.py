@@ -13,6 +13,7 @@ from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.request import EngineRequest
+from tests.engine.model_fixtures import build_tiny_checkpoint
 from tests.engine.test_engine_parity import hf_greedy, prompts, request, run
 from tests.lora_adapters import build_lora_adapter, merged_reference
 from turnout.errors import InvalidArgument
@@ -231,3 +232,30 @@ def test_steps_with_adapter_tokens_leave_the_cpu_decoder(
     calls.clear()
     run(engine, {0: lora_requests(loaded, "m", batch, [None, "all"])})
     assert calls == []
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "llama_untied"])
+def test_other_architectures_match_peft_merged(architecture: str, tmp_path: Path) -> None:
+    """Qwen2's q/k/v biases, Qwen3's per-head q/k norms after the adapted q/k, an untied LM head."""
+    model_dir = build_tiny_checkpoint(tmp_path / architecture, architecture)
+    adapter = build_lora_adapter(model_dir, tmp_path / "adapter", seed=5, rank=8, alpha=32)
+    loaded_here = load_model(EngineConfig(model=model_dir, dtype="float32"))
+    batch = prompts(loaded_here, 2, seed=16)
+    engine = lora_engine(model_dir, loaded_here, {"a": adapter})
+    tokens, _ = run(engine, {0: lora_requests(loaded_here, "r", batch, ["a", "a"])})
+    reference = merged_reference(model_dir, adapter)
+    assert [tokens["r0"], tokens["r1"]] == [hf_greedy(reference, p) for p in batch]
+    plain, _ = run(engine, {0: lora_requests(loaded_here, "b", batch, [None, None])})
+    assert [plain["b0"], plain["b1"]] != [tokens["r0"], tokens["r1"]]
+
+
+@pytest.mark.default_model
+def test_default_model_adapter_matches_peft_merged(default_model_dir: Path, tmp_path: Path) -> None:
+    adapter = build_lora_adapter(default_model_dir, tmp_path / "adapter", seed=6, rank=16, alpha=16)
+    loaded_here = load_model(EngineConfig(model=default_model_dir, dtype="float32"))
+    batch = prompts(loaded_here, 2, seed=17, low=8, high=24)
+    engine = lora_engine(default_model_dir, loaded_here, {"a": adapter}, num_kv_blocks=64)
+    tokens, _ = run(engine, {0: lora_requests(loaded_here, "r", batch, ["a", None])})
+    reference = merged_reference(default_model_dir, adapter)
+    assert tokens["r0"] == hf_greedy(reference, batch[0])
+    assert tokens["r0"] != tokens["r1"]
