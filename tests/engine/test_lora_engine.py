@@ -259,3 +259,20 @@ def test_default_model_adapter_matches_peft_merged(default_model_dir: Path, tmp_
     reference = merged_reference(default_model_dir, adapter)
     assert tokens["r0"] == hf_greedy(reference, batch[0])
     assert tokens["r0"] != tokens["r1"]
+
+
+def test_lora_flags_are_checked(tiny_model_dir: Path) -> None:
+    from services.engine.config import parse_lora_module
+    from services.engine.main import build_parser
+
+    with pytest.raises(ValueError, match="--lora-modules needs --enable-lora"):
+        EngineConfig(model=tiny_model_dir, lora_modules=(("a", Path("/x")),))
+    with pytest.raises(ValueError, match="names must be unique"):
+        EngineConfig(model=tiny_model_dir, enable_lora=True, lora_modules=(("a", Path("/x")), ("a", Path("/y"))))
+    with pytest.raises(ValueError, match="--max-loras and --max-lora-rank must be >= 1"):
+        EngineConfig(model=tiny_model_dir, enable_lora=True, max_loras=0)
+    assert parse_lora_module(" sql = /a/b ") == ("sql", Path("/a/b"))
+    with pytest.raises(ValueError, match="name=path"):
+        parse_lora_module("just-a-path")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "/m", "--lora-modules", "nope"])
