@@ -276,3 +276,23 @@ def test_lora_flags_are_checked(tiny_model_dir: Path) -> None:
         parse_lora_module("just-a-path")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--model", "/m", "--lora-modules", "nope"])
+
+
+def test_offline_llm_takes_lora_path_per_prompt(
+    tiny_model_dir: Path, loaded: LoadedModel, adapters: dict[str, Path]
+) -> None:
+    from services.engine.llm import LLM
+
+    batch = prompts(loaded, 2, seed=18)
+    expected, _ = run(
+        lora_engine(tiny_model_dir, loaded, adapters), {0: lora_requests(loaded, "r", batch, ["qv", None])}
+    )
+    llm = LLM(
+        tiny_model_dir, dtype="float32", num_kv_blocks=64, enable_lora=True, lora_modules=(("qv", adapters["qv"]),)
+    )
+    greedy = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    outputs = llm.generate(batch, greedy, lora_path=["qv", None])
+    assert [o.output_token_ids for o in outputs] == [expected["r0"], expected["r1"]]
+    with pytest.raises(InvalidArgument, match="unknown LoRA adapter 'all'"):
+        llm.generate(batch[:1], greedy, lora_path="all")
+    assert not llm.engine.has_work()
