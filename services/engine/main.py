@@ -12,10 +12,18 @@ from services.engine.config import (
     EngineConfig,
     add_limit_flags,
     kv_cache_memory_from_env,
+    parse_lora_module,
     request_limit_fields,
 )
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
+
+
+def _lora_module(text: str) -> tuple[str, Path]:
+    try:
+        return parse_lora_module(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -74,6 +82,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=8192,
         help="longest sequence a replayed decode step may hold; batches with longer ones run eagerly",
     )
+    lora = parser.add_argument_group("LoRA adapters (vLLM's flags; docs/lora.md)")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters of the model")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=_lora_module,
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters (PEFT folders) loaded at start, served as `model` NAME and SGLang `lora_path` NAME",
+    )
+    lora.add_argument(
+        "--max-loras", type=int, default=1, help="adapters on the device at once: the most one step can mix"
+    )
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="highest adapter rank accepted")
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
     sched.add_argument("--max-running-requests", type=int, default=256)
@@ -166,6 +188,10 @@ def run(args: argparse.Namespace) -> None:
             disable_cuda_graph=args.disable_cuda_graph,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
             cuda_graph_max_seq_len=args.cuda_graph_max_seq_len,
+            enable_lora=args.enable_lora,
+            lora_modules=tuple(args.lora_modules),
+            max_loras=args.max_loras,
+            max_lora_rank=args.max_lora_rank,
             **{limit.name: getattr(args, limit.name) for limit in request_limit_fields()},
         )
     except ValueError as exc:
