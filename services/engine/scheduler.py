@@ -70,6 +70,8 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         # Running: in admission order; the last one is the first preemption victim under FCFS.
         self.running: list[Sequence] = []
+        # Sequences preempted since start (metrics; written by the step loop only).
+        self.num_preemptions = 0
 
     def _order(self, seq: Sequence) -> tuple[int, int]:
         return (seq.priority, seq.arrival) if self.policy == "priority" else (0, seq.arrival)
@@ -199,4 +201,5 @@ class Scheduler:
         self.block_manager.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.add(seq)

@@ -18,6 +18,9 @@ the event loop, so every write happened before). Gauges are read at scrape time.
 | `turnout_engine_kv_cache_usage_ratio` | | share of KV blocks in use, 0..1 |
 | `turnout_engine_prefix_cache_queried_tokens_total`, `..._hit_tokens_total` | | prompt tokens looked up in |
 | | | the prefix cache, and found there: hit rate = rate(hit) / rate(queried) |
+| `turnout_engine_preemptions_total` | | running sequences preempted (blocks freed, recomputed later) |
+
+Each of these is also on the page under vLLM's name with a `model_name` label (vllm_names.py).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from turnout.telemetry.vllm_names import VllmNames
 
 NS = 1e-9
 
@@ -62,10 +67,11 @@ class EngineGauges:
     kv_cache_usage: float
     prefix_queried_tokens: int
     prefix_hit_tokens: int
+    preemptions: int
 
 
 class EngineMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, model_name: str = "") -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         p = "turnout_engine"
@@ -84,10 +90,22 @@ class EngineMetrics:
         self.e2e = Histogram(
             f"{p}_e2e_request_latency_seconds", "Arrival to last output", registry=r, buckets=REQUEST_LATENCY_BUCKETS
         )
+        self._gauges: _GaugeCollector | None = None
+        r.register(VllmNames(self._families, model_name))
 
     def watch(self, gauges: Callable[[], EngineGauges]) -> None:
         """Report the scheduler and KV cache state `gauges()` returns at every scrape."""
-        self.registry.register(_GaugeCollector(gauges))
+        self._gauges = _GaugeCollector(gauges)
+        self.registry.register(self._gauges)
+
+    def _families(self) -> Iterator[Metric]:
+        """Every `turnout_engine_*` family, for the vLLM names."""
+        for metric in (self.requests, self.prompt_tokens, self.generation_tokens):
+            yield from metric.collect()
+        for histogram in (self.queue_time, self.ttft, self.itl, self.e2e):
+            yield from histogram.collect()
+        if self._gauges is not None:
+            yield from self._gauges.collect()
 
     # -- called on the step-loop thread ----------------------------------------
 
@@ -140,3 +158,4 @@ class _GaugeCollector(Collector):
         yield CounterMetricFamily(
             f"{p}_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", g.prefix_hit_tokens
         )
+        yield CounterMetricFamily(f"{p}_preemptions", "Running sequences preempted", g.preemptions)
