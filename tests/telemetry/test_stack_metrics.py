@@ -92,6 +92,21 @@ def test_vllm_names_carry_the_engine_values_with_vllm_types_and_labels() -> None
     assert kinds["vllm:time_to_first_token_seconds"] == "histogram"
 
 
+def test_both_names_come_from_one_read_per_scrape() -> None:
+    """A page never shows the two name sets a step apart: the state is read once per scrape."""
+    reads = iter(range(1, 1000))
+
+    def gauges() -> EngineGauges:
+        n = next(reads)  # the scheduler moves on between any two reads
+        return EngineGauges(n, n, 0.0, prefix_queried_tokens=n, prefix_hit_tokens=n, preemptions=n)
+
+    metrics = EngineMetrics(model_name="tiny")
+    metrics.watch(gauges)
+    page = generate_latest(metrics.registry).decode()
+    assert value(page, "vllm:num_requests_running") == value(page, "turnout_engine_running_requests") == 1
+    assert value(page, "vllm:num_preemptions_total") == value(page, "turnout_engine_preemptions_total") == 1
+
+
 # -- merging pages ----------------------------------------------------------------------------
 
 

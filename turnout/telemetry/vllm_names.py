@@ -1,8 +1,8 @@
 """The engine's series again under vLLM's names, so vLLM's dashboards and alerts work unchanged.
 
-Same values, read from the same metric objects at scrape time (nothing is counted twice): each
-`turnout_engine_*` family in the table below is yielded a second time renamed, with vLLM's
-`model_name` label (the served model name) and its label spellings. Names and types are those of
+Same values (nothing is counted twice): at each scrape every `turnout_engine_*` family is read
+once (engine_metrics.py) and the ones in the table below are yielded a second time renamed, with
+vLLM's `model_name` label (the served model name) and its label spellings. Names and types are those of
 vLLM v1's Prometheus logger (vllm/v1/metrics/loggers.py); our histogram buckets stay ours.
 The page that merges the stack adds `engine="<address>"`, which is where vLLM puts an engine index.
 
@@ -29,10 +29,9 @@ before naming it `vllm:inter_token_latency_seconds`; older dashboards query the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 # turnout family name (without _total) -> the vLLM family names it is also exposed as.
 VLLM_NAMES: dict[str, tuple[str, ...]] = {
@@ -57,17 +56,11 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
 VLLM_LABELS = {"finish_reason": "finished_reason"}
 
 
-class VllmNames(Collector):
-    """Yields the families `source()` returns that the table names, renamed, with `model_name`."""
-
-    def __init__(self, source: Callable[[], Iterable[Metric]], model_name: str) -> None:
-        self._source = source
-        self._model_name = model_name
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self._source():
-            for name in VLLM_NAMES.get(family.name, ()):
-                yield renamed(family, name, self._model_name)
+def vllm_families(families: Iterable[Metric], model_name: str) -> Iterator[Metric]:
+    """The families the table names, renamed, with `model_name`; the others are left out."""
+    for family in families:
+        for name in VLLM_NAMES.get(family.name, ()):
+            yield renamed(family, name, model_name)
 
 
 def renamed(family: Metric, name: str, model_name: str) -> Metric:
