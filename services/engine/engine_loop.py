@@ -232,6 +232,7 @@ class EngineLoop:
             kv_cache_usage=load.kv_tokens_used / load.kv_tokens_capacity if load.kv_tokens_capacity else 0.0,
             prefix_queried_tokens=cache.num_query_tokens,
             prefix_hit_tokens=cache.num_hit_tokens,
+            preemptions=self.engine.scheduler.num_preemptions,
         )
 
     def shutdown(self) -> None:

@@ -206,9 +206,10 @@ async def _serve(config: EngineConfig) -> None:
     from services.engine.service import EngineServicer
     from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
     from turnout.telemetry.engine_metrics import EngineMetrics
+    from turnout.telemetry.metrics_service import RegistryMetrics, metrics_spec
     from turnout.v1 import engine_pb2, engine_pb2_grpc
 
-    metrics = EngineMetrics()
+    metrics = EngineMetrics(model_name=config.model_name)
     try:
         # Built on the thread that steps it: one OpenMP team in the process (engine_loop.py).
         engine = await asyncio.wrap_future(
@@ -228,8 +229,10 @@ async def _serve(config: EngineConfig) -> None:
     endpoint = (
         None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
     )
+    # The router asks for the page over gRPC (Metrics.Scrape) for the gateway's /metrics.
+    specs = [spec, metrics_spec(RegistryMetrics(metrics.registry))]
     await serve(
-        config.address, [spec], service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
+        config.address, specs, service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
     )
 
 

@@ -81,6 +81,8 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         # Running: in admission order; the last one is the first preemption victim under FCFS.
         self.running: list[Sequence] = []
+        # Sequences preempted since start (metrics; written by the step loop only).
+        self.num_preemptions = 0
 
     def _order(self, seq: Sequence) -> tuple[int, int]:
         return (seq.priority, seq.arrival) if self.policy == "priority" else (0, seq.arrival)
@@ -218,6 +220,7 @@ class Scheduler:
         self._free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.add(seq)
 
     def _acquire_lora(self, seq: Sequence) -> bool:
