@@ -507,7 +507,9 @@ def engine_metric_names() -> set[str]:
 
     metrics = EngineMetrics()
     metrics.watch(
-        lambda: EngineGauges(running=0, waiting=0, kv_cache_usage=0.0, prefix_queried_tokens=0, prefix_hit_tokens=0)
+        lambda: EngineGauges(
+            running=0, waiting=0, kv_cache_usage=0.0, prefix_queried_tokens=0, prefix_hit_tokens=0, preemptions=0
+        )
     )
     return {sample.name for family in metrics.registry.collect() for sample in family.samples} | {
         family.name for family in metrics.registry.collect()
