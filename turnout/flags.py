@@ -104,6 +104,14 @@ class Declared:
     def spellings(self) -> tuple[str, ...]:
         return (self.flag, *self.spec.aliases)
 
+    @property
+    def metavar(self) -> str:
+        if self.spec.metavar is not None:
+            return self.spec.metavar
+        if self.spec.choices is not None:
+            return "{" + ",".join(self.spec.choices) + "}"
+        return _METAVARS.get(self.kind, "VALUE")
+
     def read(self, text: str) -> Any:
         """One command-line word as this field's value (one element, for a tuple)."""
         if self.spec.parse is not None:
@@ -137,7 +145,7 @@ def _base_type(hint: Any) -> type:
 
 def shown(value: Any) -> str:
     """A default as help texts and docs show it."""
-    if value is None:
+    if value is None or value == "":
         return "none"
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -186,10 +194,9 @@ def add_argument(parser: argparse._ActionsContainer, d: Declared, services: Sequ
                 *d.spec.negations, action="store_const", const=False, dest=d.field, help=f"turn {d.flag} off"
             )
         return
-    common["metavar"] = d.spec.metavar or _METAVARS.get(d.kind, "VALUE")
+    common["metavar"] = d.metavar
     if d.spec.choices is not None:
         common["choices"] = d.spec.choices
-        common["metavar"] = d.spec.metavar or "{" + ",".join(d.spec.choices) + "}"
     if d.kind is tuple and d.spec.parse is None:
         action = AppendAction if d.spec.append else "store"
         nargs = None if d.spec.append else "+"

@@ -83,14 +83,16 @@ class TokenizerConfig:
     # Splits `<think>` blocks out for requests with separate_reasoning (a name in reasoning.REASONING_PARSERS).
     reasoning_parser: str | None = flag(
         None,
-        "split <think> blocks into reasoning_text for requests with separate_reasoning",
+        "split <think> blocks into reasoning_text for requests with separate_reasoning (vLLM's deepseek_r1 is "
+        "deepseek-r1)",
         choices=tuple(sorted(REASONING_PARSERS)),
         parse=spelled({"deepseek_r1": "deepseek-r1"}),
     )
     # Reads tool calls for tool_choice "auto" (a name in tool_parsers.TOOL_PARSERS).
     tool_call_parser: str | None = flag(
         None,
-        "read tool calls from the output for tool_choice 'auto' (none: such requests are refused)",
+        "read tool calls from the output for tool_choice 'auto' (none: such requests are refused; SGLang's "
+        "llama3 is llama3_json)",
         choices=tuple(sorted(TOOL_PARSERS)),
         parse=spelled({"llama3": "llama3_json"}),
     )
