@@ -8,7 +8,8 @@ import logging
 import signal
 
 from gateway.config import GatewayConfig
-from turnout.flags import FlagParser, add_flags, config_kwargs
+from turnout.flag_parser import FlagParser
+from turnout.flags import add_flags, config_kwargs
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 

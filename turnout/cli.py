@@ -14,7 +14,7 @@ import os
 import sys
 from typing import NoReturn
 
-from turnout.flags import FlagParser
+from turnout.flag_parser import FlagParser
 
 # subcommand -> (module with build_parser() and run(args), one-line help)
 COMMANDS = {

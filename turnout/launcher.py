@@ -33,7 +33,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
-from turnout.flags import FlagParser
+from turnout.flag_parser import FlagParser
 from turnout.security import add_security_flags, launcher_credentials, stack_environment, stack_flags
 from turnout.serve_flags import (
     ENGINE,

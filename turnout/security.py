@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from turnout.flags import AppendAction
+from turnout.flag_parser import AppendAction
 
 # The shared secret between the services of one deployment; `turnout serve` generates one per start.
 INTERNAL_TOKEN_ENV = "TURNOUT_INTERNAL_TOKEN"

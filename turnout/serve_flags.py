@@ -17,7 +17,8 @@ from gateway.config import GatewayConfig
 from services.engine.config import EngineConfig
 from services.router.config import RouterConfig
 from services.tokenizer.config import TokenizerConfig, TokenizerLimits
-from turnout.flags import Declared, FlagParser, add_argument, declared, env_name, flag, to_argv
+from turnout.flag_parser import FlagParser, env_name
+from turnout.flags import Declared, add_argument, declared, flag, to_argv
 
 MODEL_HELP = (
     "the model: a Hugging Face model folder (default: SmolLM2-135M-Instruct, converted once); "

@@ -7,7 +7,8 @@ import asyncio
 import os
 
 from services.engine.config import EngineConfig, kv_cache_memory_from_env
-from turnout.flags import FlagParser, add_flags, config_kwargs
+from turnout.flag_parser import FlagParser
+from turnout.flags import add_flags, config_kwargs
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
