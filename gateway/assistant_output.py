@@ -17,10 +17,11 @@ from gateway.generation import Event, Sample
 from turnout.v1 import common_pb2
 
 
-def assistant_message(sample: Sample, echo: str = "") -> dict[str, Any]:
-    """`echo`: vLLM's chat echo, the last (assistant) message's content leading the reply."""
+def assistant_message(sample: Sample, echo: str = "", role: str = "assistant") -> dict[str, Any]:
+    """`echo`: vLLM's chat echo, the last (assistant) message's content leading the reply; `role`:
+    the reply's (--response-role)."""
     text = echo + sample.text
-    message: dict[str, Any] = {"role": "assistant", "content": text}
+    message: dict[str, Any] = {"role": role, "content": text}
     if sample.tool_calls:
         message["content"] = text or None
         message["tool_calls"] = [

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from dataclasses import dataclass, field
 
+from turnout.flags import flag
 from turnout.security import ServiceSecurity
+
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 # 32 MiB: far above any prompt that fits a context, far below what hurts the process.
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 # A batch runs all its prompts at once: 1024 fills, and does not overflow, the router's
 # default concurrency (--max-concurrent-requests) and the engine's queue (--max-waiting-requests).
 DEFAULT_MAX_CLIENT_BATCH_SIZE = 1024
+
+
+def string_list(value: str) -> tuple[str, ...]:
+    """A JSON list of strings, as vLLM takes its CORS flags (a comma-separated list works too)."""
+    if not value.lstrip().startswith("["):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from None
+    if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value}")
+    return tuple(parsed)
 
 
 @dataclass(frozen=True)
@@ -35,19 +53,52 @@ class GatewayConfig:
     (TGI's `--max-client-batch-size`); a larger batch is answered 400.
     """
 
-    router_address: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    request_timeout_s: float | None = None
-    router_ready_timeout_s: float = 10.0
-    served_model_names: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ("*",)
-    allowed_methods: tuple[str, ...] = ("*",)
-    allowed_headers: tuple[str, ...] = ("*",)
-    allow_credentials: bool = False
-    root_path: str = ""
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_client_batch_size: int = DEFAULT_MAX_CLIENT_BATCH_SIZE
+    router_address: str = flag(help="router gRPC address, e.g. 127.0.0.1:50050", name="--router", metavar="ADDR")
+    host: str = flag("127.0.0.1", "address to listen on")
+    port: int = flag(8000, "port to listen on")
+    request_timeout_s: float | None = flag(
+        None,
+        "deadline of each call to the router; past it the client gets 504",
+        name="--request-timeout",
+        metavar="SECONDS",
+    )
+    router_ready_timeout_s: float = flag(
+        10.0,
+        "how long a request waits for a router that is down (restarting) before 503; 0: no wait",
+        name="--router-ready-timeout",
+        metavar="SECONDS",
+    )
+    served_model_names: tuple[str, ...] = flag(
+        (),
+        "names clients may use for the router's default model; responses report the first (default: the "
+        "router's names)",
+        name="--served-model-name",
+        metavar="NAME",
+    )
+    allowed_origins: tuple[str, ...] = flag(("*",), "CORS origins, a JSON list", parse=string_list, metavar="JSON")
+    allowed_methods: tuple[str, ...] = flag(("*",), "CORS methods, a JSON list", parse=string_list, metavar="JSON")
+    allowed_headers: tuple[str, ...] = flag(("*",), "CORS headers, a JSON list", parse=string_list, metavar="JSON")
+    allow_credentials: bool = flag(False, "CORS: allow credentials")
+    root_path: str = flag("", "path prefix when served behind a reverse proxy, e.g. /llm (default: none)")
+    max_request_bytes: int = flag(DEFAULT_MAX_REQUEST_BYTES, "larger request bodies are answered 413")
+    max_client_batch_size: int = flag(
+        DEFAULT_MAX_CLIENT_BATCH_SIZE, "most prompts in one request's batch; a larger batch is answered 400"
+    )
+    # vLLM's --response-role: the role of the assistant's message in chat completion responses.
+    response_role: str = flag("assistant", "role of the reply message in chat completions")
+    # vLLM's --return-tokens-as-token-ids: the default of the request field of that name.
+    return_tokens_as_token_ids: bool = flag(
+        False, "logprobs show tokens as 'token_id:ID' unless a request says otherwise"
+    )
+    # One access-log line per HTTP request (vLLM's --enable-log-requests, SGLang's --log-requests).
+    enable_log_requests: bool = flag(
+        False,
+        "log one line per HTTP request (method, path, status)",
+        aliases=("--log-requests",),
+        negations=("--disable-log-requests",),
+    )
+    # Level of uvicorn's own loggers (its server messages), as vLLM's --uvicorn-log-level.
+    uvicorn_log_level: str = flag("info", "level of the HTTP server's own messages", choices=UVICORN_LOG_LEVELS)
     # Its secrets are repr=False: they never reach logs; /get_server_info leaves it out.
     security: ServiceSecurity = field(default_factory=ServiceSecurity)
 
@@ -73,6 +124,8 @@ class GatewayConfig:
             raise ValueError(f"root_path must start with '/' and not end with one (e.g. /llm), got {self.root_path!r}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
+        if not self.response_role.strip():
+            raise ValueError("response_role must not be empty")
         if self.max_client_batch_size < 1:
             raise ValueError(f"max_client_batch_size must be positive, got {self.max_client_batch_size}")
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import signal
 
-from gateway.config import DEFAULT_MAX_CLIENT_BATCH_SIZE, DEFAULT_MAX_REQUEST_BYTES, GatewayConfig
+from gateway.config import GatewayConfig
+from turnout.flag_parser import FlagParser
+from turnout.flags import add_flags, config_kwargs
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -19,104 +20,26 @@ GRACEFUL_SHUTDOWN_S = 5
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="turnout gateway")
+    parser = parser or FlagParser(prog="turnout gateway")
     parser.description = "OpenAI-compatible and SGLang-native HTTP API in front of a Turnout router."
-    parser.add_argument("--router", required=True, metavar="ADDR", help="router gRPC address, e.g. 127.0.0.1:50051")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
-    parser.add_argument(
-        "--request-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="deadline of each call to the router; past it the client gets 504 (default: none)",
-    )
-    parser.add_argument(
-        "--router-ready-timeout",
-        type=float,
-        default=GatewayConfig.router_ready_timeout_s,
-        metavar="SECONDS",
-        help="how long a request waits for a router that is down (restarting) before 503; 0: no wait "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help="names clients may use for the router's default model; responses report the first (default: the "
-        "router's names)",
-    )
-    parser.add_argument(
-        "--allowed-origins", type=_string_list, default=["*"], help="CORS origins, a JSON list (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--allowed-methods", type=_string_list, default=["*"], help="CORS methods, a JSON list (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--allowed-headers", type=_string_list, default=["*"], help="CORS headers, a JSON list (default: %(default)s)"
-    )
-    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    parser.add_argument(
-        "--root-path", default="", help="path prefix when served behind a reverse proxy, e.g. /llm (default: none)"
-    )
-    parser.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=DEFAULT_MAX_REQUEST_BYTES,
-        metavar="N",
-        help="larger request bodies are answered 413 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-client-batch-size",
-        type=int,
-        default=DEFAULT_MAX_CLIENT_BATCH_SIZE,
-        metavar="N",
-        help="most prompts in one request's batch; a larger batch is answered 400 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--log-level",
-        default=None,
-        type=str.upper,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-        help="log level (default: $TURNOUT_LOG_LEVEL, else INFO)",
-    )
+    add_flags(parser, GatewayConfig)
     add_observability_flags(parser, metrics_port=False)
     add_security_flags(parser)
     return parser
 
 
-def _string_list(value: str) -> list[str]:
-    """A JSON list of strings, as vLLM takes its CORS flags (a comma-separated list works too)."""
-    if not value.lstrip().startswith("["):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from None
-    if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
-        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value}")
-    return parsed
-
-
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """The config the flags describe; ValueError names a bad one."""
-    return GatewayConfig(
-        router_address=args.router,
-        host=args.host,
-        port=args.port,
-        request_timeout_s=args.request_timeout,
-        router_ready_timeout_s=args.router_ready_timeout,
-        served_model_names=tuple(args.served_model_name or ()),
-        allowed_origins=tuple(args.allowed_origins),
-        allowed_methods=tuple(args.allowed_methods),
-        allowed_headers=tuple(args.allowed_headers),
-        allow_credentials=args.allow_credentials,
-        root_path=args.root_path,
-        max_request_bytes=args.max_request_bytes,
-        max_client_batch_size=args.max_client_batch_size,
-        security=ServiceSecurity.from_args(args),
-    )
+    return GatewayConfig(**config_kwargs(GatewayConfig, args), security=ServiceSecurity.from_args(args))
+
+
+def apply_log_settings(config: GatewayConfig) -> None:
+    """uvicorn's loggers at --uvicorn-log-level; its access log (a line per request) only with
+    --enable-log-requests (logs.py keeps it at warning otherwise)."""
+    level = logging.getLevelName(config.uvicorn_log_level.upper())
+    # uvicorn's TRACE (5) has no name in logging unless uvicorn registered it.
+    logging.getLogger("uvicorn").setLevel(level if isinstance(level, int) else 5)
+    logging.getLogger("uvicorn.access").setLevel(logging.INFO if config.enable_log_requests else logging.WARNING)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,6 +61,7 @@ def run(args: argparse.Namespace) -> None:
         config = config_from_args(args)
     except ValueError as exc:
         raise SystemExit(f"turnout gateway: {exc}") from None
+    apply_log_settings(config)
     log.info("starting", extra={"router": config.router_address, "host": config.host, "port": config.port})
     # log_config=None keeps our JSON logging; uvicorn handles SIGTERM/SIGINT
     # itself: stop accepting, drain in-flight requests, run the lifespan shutdown.

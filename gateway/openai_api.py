@@ -72,6 +72,7 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     chosen = request_id.begin(request, body, body.request_id)
+    _server_defaults(body, request)
     messages = convert.completion_requests(body, chosen)
     check_batch_size(request, len(messages), "prompt")
     view = View(
@@ -88,6 +89,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     chosen = request_id.begin(request, body, body.request_id)
+    _server_defaults(body, request)
     message = convert.chat_request(body, chosen)
     echo = convert.chat_echo(body)
     view = View(
@@ -98,8 +100,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         named_tool=message.tool_calling.mode == common_pb2.ToolCalling.NAMED,
         echoes=[Prompt(text=echo)] if echo else (),
         continuous_usage=_continuous_usage(body),
+        role=request.app.state.config.response_role,
     )
     return await _respond(request, body, f"chatcmpl-{chosen}", [message], view, False, chat_body, chat_chunks)
+
+
+def _server_defaults(body: OpenAIRequest, request: Request) -> None:
+    """Request fields the server sets a default for (vLLM's --return-tokens-as-token-ids)."""
+    if body.return_tokens_as_token_ids is None:
+        body.return_tokens_as_token_ids = request.app.state.config.return_tokens_as_token_ids
 
 
 def _continuous_usage(body: OpenAIRequest) -> bool:

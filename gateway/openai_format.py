@@ -64,6 +64,8 @@ class View:
     named_tool: bool = False
     # stream_options.continuous_usage_stats: every chunk with a choice carries that choice's usage.
     continuous_usage: bool = False
+    # Chat: the role of the reply message (--response-role).
+    role: str = "assistant"
 
     def chunk_usage(self, sample: Sample) -> dict[str, Any]:
         """The `usage` field of a chunk about `sample`: nothing unless continuous usage was asked for."""
@@ -157,7 +159,7 @@ def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, An
         choices.append(
             {
                 "index": s.index,
-                "message": assistant_message(s, view.echoes[0].text if view.echoes else ""),
+                "message": assistant_message(s, view.echoes[0].text if view.echoes else "", view.role),
                 "logprobs": view.chat_logprobs(s.logprobs),
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
@@ -245,7 +247,7 @@ async def chat_chunks(
 
     echo = view.echoes[0].text if view.echoes else ""
     for sample in generation.samples:
-        yield chunk(sample.index, {"role": "assistant", "content": ""})
+        yield chunk(sample.index, {"role": view.role, "content": ""})
         if echo:
             yield chunk(sample.index, {"content": echo})
     deltas = DeltaBuilder(stream_reasoning=view.stream_reasoning)

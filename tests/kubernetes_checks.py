@@ -271,10 +271,10 @@ def check_addresses(resources: list[Resource]) -> list[str]:
     for c, args in serving(resources):
         namespace = c.workload["metadata"].get("namespace", "default")
         if args.command == "router":
-            for address in args.tokenizer:
+            for address in args.tokenizers:
                 problems += _target(resources, address, namespace, "tokenizer", "router: --tokenizer")
         if args.command == "gateway":
-            problems += _target(resources, args.router, namespace, "router", "gateway: --router")
+            problems += _target(resources, args.router_address, namespace, "router", "gateway: --router")
     return problems
 
 
@@ -286,11 +286,11 @@ def check_engine_discovery(resources: list[Resource]) -> list[str]:
     if router is None or engine is None:
         return ["no single router and engine"]
     (rc, rargs), (ec, _) = router, engine
-    if len(rargs.engine) != 1:
-        return [f"router: --engine {rargs.engine}: one name for every engine replica is needed"]
+    if len(rargs.engines) != 1:
+        return [f"router: --engine {rargs.engines}: one name for every engine replica is needed"]
     namespace = rc.workload["metadata"].get("namespace", "default")
-    problems = _target(resources, rargs.engine[0], namespace, "engine", "router: --engine")
-    svc = service_for_host(resources, split_address(rargs.engine[0])[0], namespace)
+    problems = _target(resources, rargs.engines[0], namespace, "engine", "router: --engine")
+    svc = service_for_host(resources, split_address(rargs.engines[0])[0], namespace)
     if svc is not None:
         if svc["spec"].get("clusterIP") != "None":
             problems.append(f"Service/{svc['metadata']['name']}: not headless; its name would resolve to one address")
@@ -298,8 +298,8 @@ def check_engine_discovery(resources: list[Resource]) -> list[str]:
             problems.append(f"Service/{svc['metadata']['name']}: publishes engines that are not ready")
         if ec.workload["kind"] == "StatefulSet" and ec.workload["spec"]["serviceName"] != svc["metadata"]["name"]:
             problems.append(f"{ec.where}: serviceName is not the router's engine Service")
-    if not 0 < rargs.dns_refresh_interval <= 30:
-        problems.append(f"router: --dns-refresh-interval {rargs.dns_refresh_interval}: new engines wait too long")
+    if not 0 < rargs.dns_refresh_interval_s <= 30:
+        problems.append(f"router: --dns-refresh-interval {rargs.dns_refresh_interval_s}: new engines wait too long")
     return problems
 
 
@@ -453,7 +453,7 @@ def check_grace(resources: list[Resource]) -> list[str]:
             problems.append(f"{c.where}: terminationGracePeriodSeconds {grace} < preStop {sleep} + drain")
         if sleep == 0:
             problems.append(f"{c.where}: no preStop sleep; it stops before its endpoint is gone")
-        if args.command == "engine" and router is not None and sleep < router[1].dns_refresh_interval:
+        if args.command == "engine" and router is not None and sleep < router[1].dns_refresh_interval_s:
             problems.append(f"{c.where}: stops before the router's next DNS lookup drops it")
     return problems
 

@@ -112,7 +112,7 @@ def test_the_code_facts_the_checks_rely_on() -> None:
         "router",
     }
     assert drain_seconds("engine") > drain_seconds("router") > 0
-    assert parse(["router", "--engine", "e:1", "--tokenizer", "t:2"]).dns_refresh_interval > 0
+    assert parse(["router", "--engine", "e:1", "--tokenizer", "t:2"]).dns_refresh_interval_s > 0
 
 
 # ---------------------------------------------------------------------------

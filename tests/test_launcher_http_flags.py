@@ -77,7 +77,7 @@ def test_lora_flags_reach_every_engine() -> None:
     for engine in engines:
         args = engine_parser().parse_args(engine.argv[engine.argv.index("engine") + 1 :])
         assert args.enable_lora and (args.max_loras, args.max_lora_rank) == (4, 32)
-        assert args.lora_modules == [("sql", Path("/a/sql")), ("chat", Path("/a/chat"))]
+        assert tuple(args.lora_modules) == (("sql", Path("/a/sql")), ("chat", Path("/a/chat")))
     plain = launcher.build_stack(launcher.build_parser().parse_args(["--model", "/m"]), Path("/m")).children[0]
     args = engine_parser().parse_args(plain.argv[plain.argv.index("engine") + 1 :])
-    assert (args.enable_lora, args.lora_modules, args.max_loras, args.max_lora_rank) == (False, [], 1, 16)
+    assert (args.enable_lora, tuple(args.lora_modules), args.max_loras, args.max_lora_rank) == (False, (), 1, 16)

@@ -18,6 +18,6 @@ def test_kv_pool_flags_reach_every_engine() -> None:
     engines = engine_args(["--engines", "2", "--kv-cache-memory", "1.5", "--num-kv-blocks", "300"])
     assert len(engines) == 2
     for args in engines:
-        assert args.kv_cache_memory == 1.5 and args.num_kv_blocks == 300  # type: ignore[attr-defined]
+        assert args.kv_cache_memory_gib == 1.5 and args.num_kv_blocks == 300  # type: ignore[attr-defined]
     (plain,) = engine_args([])
-    assert plain.kv_cache_memory is None and plain.num_kv_blocks is None  # type: ignore[attr-defined]
+    assert plain.kv_cache_memory_gib is None and plain.num_kv_blocks is None  # type: ignore[attr-defined]

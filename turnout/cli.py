@@ -14,6 +14,8 @@ import os
 import sys
 from typing import NoReturn
 
+from turnout.flag_parser import FlagParser
+
 # subcommand -> (module with build_parser() and run(args), one-line help)
 COMMANDS = {
     "serve": ("turnout.launcher", "run engine, tokenizer, router and gateway on this machine"),
@@ -27,8 +29,11 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="turnout", description="Turnout: LLM serving over gRPC services.")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = argparse.ArgumentParser(
+        prog="turnout", description="Turnout: LLM serving over gRPC services.", allow_abbrev=False
+    )
+    # Each command's parser reads --config and TURNOUT_* too (turnout/flags.py).
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=FlagParser)
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
         sub = subparsers.add_parser(name, help=help_text)

@@ -32,18 +32,22 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from services.engine.config import add_limit_flags as add_engine_limit_flags
-from services.engine.config import limit_flag, request_limit_fields
-from services.router.config import POLICIES
-from services.tokenizer.config import add_limit_flags as add_tokenizer_limit_flags
-from services.tokenizer.config import limit_args
-from services.tokenizer.reasoning import REASONING_PARSERS
-from services.tokenizer.tool_parsers import TOOL_PARSERS
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
-from turnout.logs import LOG_FORMATS
+from turnout.flag_parser import FlagParser
 from turnout.security import add_security_flags, launcher_credentials, stack_environment, stack_flags
+from turnout.serve_flags import (
+    ENGINE,
+    GATEWAY,
+    ROUTER,
+    TOKENIZER,
+    add_serve_flags,
+    child_flags,
+    flag_environment,
+    serve_config,
+)
 from turnout.supervisor import Supervisor, add_restart_flags, restart_policy_from_args
 from turnout.telemetry.metrics_http import serve_metrics
+from turnout.telemetry.service_setup import add_observability_flags
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +105,10 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     engines = []
     for i, port in enumerate(engine_ports):
         engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
-        engine += ["--device", args.device, "--dtype", args.dtype, "--attention-backend", args.attention_backend]
-        engine += ["--sampling-backend", args.sampling_backend]
-        if args.served_model_name:
+        if args.served_model_names:
             # The engine serves the first name; the gateway answers to all of them.
-            engine += ["--served-model-name", args.served_model_name[0]]
-        engine += engine_flags(args)
+            engine += ["--served-model-name", args.served_model_names[0]]
+        engine += child_flags(args, ENGINE)
         name = "engine" if args.engines == 1 else f"engine{i}"
         healthy = functools.partial(grpc_ready, f"127.0.0.1:{port}")
         env = replica_env(i, args.engines, gpus, args.device)
@@ -115,21 +117,14 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
             Child(name, engine + common + metrics_flags(engine_metrics), healthy, 0, env, metrics_port=engine_metrics)
         )
     tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
-    if args.chat_template:
-        tokenizer += ["--chat-template", args.chat_template]
-    if args.reasoning_parser:
-        tokenizer += ["--reasoning-parser", args.reasoning_parser]
-    if args.tool_call_parser:
-        tokenizer += ["--tool-call-parser", args.tool_call_parser]
-    tokenizer += limit_args(args)
-    router = [*turnout, "router", "--tokenizer", addr["tokenizer"], "--policy", args.policy]
+    if args.tokenizer:
+        tokenizer += ["--tokenizer", str(args.tokenizer)]
+    tokenizer += child_flags(args, TOKENIZER)
+    router = [*turnout, "router", "--tokenizer", addr["tokenizer"]]
     for port in engine_ports:
         router += ["--engine", f"127.0.0.1:{port}"]
-    router += ["--host", "127.0.0.1", "--port", str(ports["router"])]
-    if args.tokenizer_ready_timeout is not None:
-        router += ["--tokenizer-ready-timeout", str(args.tokenizer_ready_timeout)]
-    gateway = [*turnout, "gateway", "--router", addr["router"], "--host", args.host, "--port", str(args.port)]
-    gateway += gateway_flags(args)
+    router += ["--host", "127.0.0.1", "--port", str(ports["router"]), *child_flags(args, ROUTER)]
+    gateway = [*turnout, "gateway", "--router", addr["router"], *child_flags(args, GATEWAY)]
     tokenizer_metrics, router_metrics = metrics_port(), metrics_port()
     probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     scheme = "https" if args.ssl_certfile else "http"
@@ -157,217 +152,16 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
     )
 
 
-def engine_flags(args: argparse.Namespace) -> list[str]:
-    """The generation and runtime options of `turnout serve` passed on to every `turnout engine`."""
-    flags: list[str] = []
-    for name in (
-        "max_model_len",
-        "kv_cache_memory",
-        "num_kv_blocks",
-        "grammar_max_whitespace",
-        "think_start_token",
-        "think_end_token",
-        "gpu_memory_utilization",
-        "cuda_graph_max_bs",
-        "cuda_graph_max_seq_len",
-        "max_loras",
-        "max_lora_rank",
-    ):
-        value = getattr(args, name)
-        if value is not None:
-            flags += [f"--{name.replace('_', '-')}", str(value)]
-    if args.lora_modules:
-        flags += ["--lora-modules", *args.lora_modules]
-    for switch in ("enable_custom_logit_processor", "disable_cuda_graph", "enable_lora"):
-        if getattr(args, switch):
-            flags.append(f"--{switch.replace('_', '-')}")
-    if args.overlap_schedule is not None:
-        flags.append("--enable-overlap-schedule" if args.overlap_schedule else "--disable-overlap-schedule")
-    for limit in request_limit_fields():
-        if getattr(args, limit.name) is not None:
-            flags += [limit_flag(limit), str(getattr(args, limit.name))]
-    return flags
-
-
-def gateway_flags(args: argparse.Namespace) -> list[str]:
-    """The HTTP options of `turnout serve` passed on to `turnout gateway` (the key through the
-    environment, so it does not show in `ps`)."""
-    flags: list[str] = []
-    if args.served_model_name:
-        flags += ["--served-model-name", *args.served_model_name]
-    for name in (
-        "allowed_origins",
-        "allowed_methods",
-        "allowed_headers",
-        "root_path",
-        "max_request_bytes",
-        "router_ready_timeout",
-        "max_client_batch_size",
-    ):
-        value = getattr(args, name)
-        if value is not None:
-            flags += [f"--{name.replace('_', '-')}", str(value)]
-    if args.allow_credentials:
-        flags.append("--allow-credentials")
-    return flags
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="turnout serve")
-    parser.description = "Run engine, tokenizer, router and gateway on this machine and serve HTTP."
-    parser.add_argument("--model", type=Path, default=None, help="Hugging Face model folder (default: SmolLM2-135M)")
-    parser.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help="names clients use for the model; responses report the first (default: the folder's name)",
+def build_parser(parser: FlagParser | None = None) -> FlagParser:
+    parser = parser or FlagParser(prog="turnout serve")
+    parser.description = (
+        "Run engine, tokenizer, router and gateway on this machine and serve HTTP. Every flag of "
+        "`turnout engine`, `turnout tokenizer`, `turnout router` and `turnout gateway` is accepted here and "
+        "passed to that service (vLLM's and SGLang's spellings too); see docs/flags.md."
     )
-    parser.add_argument("--allowed-origins", default=None, help="CORS origins, a JSON list (gateway default: all)")
-    parser.add_argument("--allowed-methods", default=None, help="CORS methods, a JSON list (gateway default: all)")
-    parser.add_argument("--allowed-headers", default=None, help="CORS headers, a JSON list (gateway default: all)")
-    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    parser.add_argument("--root-path", default=None, help="path prefix behind a reverse proxy, e.g. /llm")
-    parser.add_argument("--max-request-bytes", type=int, default=None, help="larger request bodies get 413")
-    parser.add_argument(
-        "--max-client-batch-size", type=int, default=None, help="most prompts per request; more get 400 (see gateway)"
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP host of the gateway")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port of the gateway")
-    for name in ("engine", "tokenizer", "router"):
-        parser.add_argument(f"--{name}-port", type=int, default=0, help=f"gRPC port of the {name} (default: free)")
-    parser.add_argument(
-        "--engines",
-        type=int,
-        default=1,
-        metavar="N",
-        help="engine replicas behind the router, one per GPU when there are several; with --engine-port, "
-        "replica i listens on that port + i (default: 1)",
-    )
-    parser.add_argument("--policy", default="cache_aware", choices=POLICIES, help="the router's routing policy")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument(
-        "--attention-backend", default="auto", help="engine: auto (triton on CUDA, torch on CPU), torch or triton"
-    )
-    parser.add_argument(
-        "--sampling-backend",
-        default="auto",
-        help="engine: the sampler's draw, auto (triton on CUDA, torch on CPU), torch or triton",
-    )
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument(
-        "--kv-cache-memory",
-        type=float,
-        default=None,
-        metavar="GIB",
-        help="engine: KV pool size in GiB per engine (engine default: on CPU 4, at most a tenth of total RAM)",
-    )
-    parser.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="engine: KV pool size in blocks (overrides memory)"
-    )
-    parser.add_argument("--chat-template", default=None)
-    parser.add_argument(
-        "--grammar-max-whitespace",
-        type=int,
-        default=None,
-        help="engine: longest whitespace run allowed between JSON tokens of a constraint (engine default: 4)",
-    )
-    parser.add_argument("--think-start-token", default=None, help="engine: the model's think-start token (<think>)")
-    parser.add_argument("--think-end-token", default=None, help="engine: the model's think-end token (</think>)")
-    parser.add_argument(
-        "--enable-custom-logit-processor",
-        action="store_true",
-        help="engine: accept serialized custom logit processors (runs client code: trusted clients only)",
-    )
-    overlap = parser.add_mutually_exclusive_group()
-    overlap.add_argument(
-        "--disable-overlap-schedule",
-        dest="overlap_schedule",
-        action="store_false",
-        default=None,
-        help="engine: postprocess each step before scheduling the next (default: overlapped on CUDA)",
-    )
-    overlap.add_argument(
-        "--enable-overlap-schedule",
-        dest="overlap_schedule",
-        action="store_true",
-        default=None,
-        help="engine: postprocess each step while the device runs the next, even on CPU",
-    )
-    parser.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="engine, CUDA: share of the device's memory each engine may use, KV pool included (engine default: 0.9)",
-    )
-    parser.add_argument(
-        "--disable-cuda-graph", action="store_true", help="engine: run decode steps eagerly, without CUDA graphs"
-    )
-    parser.add_argument(
-        "--cuda-graph-max-bs",
-        type=int,
-        default=None,
-        help="engine: largest decode batch replayed from a CUDA graph (engine default: running cap, at most 256)",
-    )
-    parser.add_argument(
-        "--cuda-graph-max-seq-len",
-        type=int,
-        default=None,
-        help="engine: longest sequence a replayed decode step may hold (engine default: 8192)",
-    )
-    parser.add_argument("--enable-lora", action="store_true", help="engine: serve LoRA adapters (docs/lora.md)")
-    parser.add_argument(
-        "--lora-modules",
-        nargs="+",
-        default=None,
-        metavar="NAME=PATH",
-        help="engine: LoRA adapters (PEFT folders) loaded at start, addressed as `model` NAME",
-    )
-    parser.add_argument(
-        "--max-loras", type=int, default=None, help="engine: adapters on the device at once (engine default: 1)"
-    )
-    parser.add_argument(
-        "--max-lora-rank", type=int, default=None, help="engine: highest adapter rank accepted (engine default: 16)"
-    )
-    parser.add_argument(
-        "--reasoning-parser",
-        default=None,
-        choices=sorted(REASONING_PARSERS),
-        help="the tokenizer splits <think> blocks into reasoning for requests that ask (default: none)",
-    )
-    parser.add_argument(
-        "--tool-call-parser",
-        default=None,
-        choices=sorted(TOOL_PARSERS),
-        help="the tokenizer reads tool calls for tool_choice 'auto' (default: none: such requests are refused)",
-    )
-    add_engine_limit_flags(parser, forwarded=True)
-    add_tokenizer_limit_flags(parser.add_argument_group("tokenizer limits per request"), defaults_shown=False)
-    parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for all to be healthy")
-    parser.add_argument("--log-level", default=None)
-    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS, help="passed to every service")
-    parser.add_argument(
-        "--metrics",
-        action="store_true",
-        help="serve Prometheus /metrics of the engine(s), tokenizer, router and launcher on free ports (printed at "
-        "start); the gateway's is always at /metrics on its HTTP port",
-    )
+    add_serve_flags(parser)
+    add_observability_flags(parser, metrics_port=False)
     add_security_flags(parser)
-    parser.add_argument(
-        "--tokenizer-ready-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="router: how long a request waits for a restarting tokenizer before 503 (router default: 5)",
-    )
-    parser.add_argument(
-        "--router-ready-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="gateway: how long a request waits for a restarting router before 503 (gateway default: 10)",
-    )
     add_restart_flags(parser)
     return parser
 
@@ -377,12 +171,19 @@ def run(args: argparse.Namespace) -> int:
     from turnout.logs import setup_logging
 
     setup_logging("launcher", args.log_level, args.log_format)
+    try:
+        serve_config(args)
+    except ValueError as exc:
+        raise SystemExit(f"turnout serve: {exc}") from None
+    # Every value reaches the children on their command lines; a child must not read a TURNOUT_*
+    # variable meant for `turnout serve` (the router's --tokenizer is an address, serve's a folder).
+    for name in flag_environment():
+        os.environ.pop(name, None)
     if args.model is None:
-        args.model = prepare_default_model()
-        args.served_model_name = args.served_model_name or [SERVED_NAME]
-    model = args.model
-    if args.engines < 1:
-        raise SystemExit(f"turnout serve: --engines must be at least 1, got {args.engines}")
+        model = prepare_default_model()
+        args.served_model_names = args.served_model_names or [SERVED_NAME]
+    else:
+        model = Path(args.model)
     if not (model / "config.json").is_file():
         raise SystemExit(f"turnout serve: --model {model}: no config.json there")
     try:
@@ -400,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         if not stack.start(args.startup_timeout):
             return 0 if stack.stopping else 1
         url = f"{'https' if args.ssl_certfile else 'http'}://{args.host}:{args.port}"
-        name = args.served_model_name[0] if args.served_model_name else model.name
+        name = args.served_model_names[0] if args.served_model_names else model.name
         lines = [f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)"]
         lines += [
             f"  {child.name} metrics: http://127.0.0.1:{child.metrics_port}/metrics"

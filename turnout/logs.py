@@ -20,6 +20,7 @@ from opentelemetry import trace
 from turnout.telemetry.request_context import current_request_id
 
 LOG_FORMATS = ("json", "text")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # Attributes every LogRecord has; anything else came in through `extra=` and is logged as a field.
 _STANDARD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import grpc
 
+from turnout.flag_parser import AppendAction
+
 # The shared secret between the services of one deployment; `turnout serve` generates one per start.
 INTERNAL_TOKEN_ENV = "TURNOUT_INTERNAL_TOKEN"
 API_KEY_ENV = "TURNOUT_API_KEY"
@@ -145,7 +147,7 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--api-key",
-        action="append",
+        action=AppendAction,
         default=None,
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' on the public API (HTTP, and the router's Inference service); "

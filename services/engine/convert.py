@@ -26,7 +26,8 @@ def request_from_proto(
     bad = [t for t in message.input_ids if t >= vocab]
     if bad:
         raise InvalidArgument(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
-    defaults = loaded.info.generation_defaults if config.sampling_defaults == "model" else common_pb2.SamplingParams()
+    # The model's (or --generation-config's) values, none under `openai`, with the overrides (model_loader).
+    defaults = loaded.info.generation_defaults
     limits = Limits.of_engine(
         config,
         prompt_len=len(message.input_ids),

@@ -107,8 +107,7 @@ class LLM:
         except ParseError as exc:
             raise InvalidArgument(f"sampling_params: {exc}") from None
         info = self.engine.loaded.info
-        defaults = info.generation_defaults if self.engine.config.sampling_defaults == "model" else None
-        settings = resolve(proto, defaults or common_pb2.SamplingParams(), self.engine.limits(len(ids)))
+        settings = resolve(proto, info.generation_defaults, self.engine.limits(len(ids)))
         # Compiled now, so a constraint that does not compile is refused before any request is added.
         grammar = self.engine.grammars.compile(settings.constraint) if settings.constraint is not None else None
         return EngineRequest(f"offline-{next(self._ids)}", tuple(ids), settings, grammar)

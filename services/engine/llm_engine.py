@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+import torch
+
 from services.engine.attention.backend import AttentionBackend
 from services.engine.block_manager import BlockManager
 from services.engine.config import EngineConfig
@@ -118,6 +120,10 @@ class LLMEngine:
         # The last launched sampling while its tokens are on the device (overlap schedule only, between steps).
         self._pending: PendingSample | None = None
         log.info("overlap schedule " + ("on" if self.overlap else "off"), extra={"overlap_schedule": self.overlap})
+        if config.seed is not None:
+            # Unseeded rows draw from torch's default generators (sampler/draw.py), the fused CUDA kernel
+            # included: seeded once here, a run repeats its draws (vLLM's --seed).
+            torch.manual_seed(config.seed)
         self._groups: dict[str, SequenceGroup] = {}
         # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
         self.vocab = ModelVocab(config.model, self.loaded.vocab_size, self.loaded.eos_token_ids)

@@ -12,7 +12,7 @@ import torch
 from services.engine import cpu_kernels
 from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.attention.torch_backend import TorchAttentionBackend
-from services.engine.config import EngineConfig
+from services.engine.config import GENERATION_CONFIG_KEYS, EngineConfig
 from services.engine.kernels import triton_runs_on
 from services.engine.models.layers import enable_fused_kernels, pack_linears, use_cpu_kernels
 from services.engine.models.weights import build_model
@@ -22,14 +22,6 @@ log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # generation_config.json keys that become sampling defaults, and their SamplingParams names.
-_GENERATION_DEFAULTS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "max_new_tokens": "max_new_tokens",
-}
 
 
 @dataclass(frozen=True)
@@ -179,7 +171,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         max_context_length=context,
         vocab_size=int(hf_config.vocab_size),
         eos_token_ids=sorted(eos),
-        generation_defaults=_generation_defaults(generation),
+        generation_defaults=_generation_defaults(_sampling_defaults(config)),
         architecture=(hf_config.architectures or [type(model).__name__])[0],
         dtype=str(dtype).removeprefix("torch."),
     )
@@ -225,11 +217,18 @@ def _eos_ids(*values: object) -> set[int]:
     return ids
 
 
+def _sampling_defaults(config: EngineConfig) -> dict[str, object]:
+    """The generation_config.json values unset sampling parameters take (vLLM's --generation-config):
+    none for `openai`; --override-generation-config goes over them."""
+    chosen = {} if config.sampling_defaults == "openai" else _read_json(config.generation_config_file)
+    return {**chosen, **config.override_generation_config}
+
+
 def _generation_defaults(generation: dict[str, object]) -> common_pb2.SamplingParams:
     # Like vLLM, only the sampling values themselves count; `do_sample` is not read.
     defaults = common_pb2.SamplingParams()
-    for key, field in _GENERATION_DEFAULTS.items():
+    for key in GENERATION_CONFIG_KEYS:
         value = generation.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            setattr(defaults, field, type(getattr(defaults, field))(value))
+            setattr(defaults, key, type(getattr(defaults, key))(value))
     return defaults

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.tokenizer.reasoning import reasoning_parser_class
-from services.tokenizer.tool_parsers import tool_parser_class
+from services.tokenizer.reasoning import REASONING_PARSERS, reasoning_parser_class
+from services.tokenizer.tool_parsers import TOOL_PARSERS, tool_parser_class
+from turnout.flags import flag, spelled
 from turnout.security import ServiceSecurity
 from turnout.telemetry.metrics_http import check_metrics_port
 
 MIB = 1024 * 1024
+CONTENT_FORMATS = ("auto", "string", "openai")
 
 
 def _limit(default: Any, help_text: str, *, metavar: str) -> Any:
     """A limit's declaration: its default, and the help text its --flag (and the docs) show."""
-    return field(default=default, metadata={"help": help_text, "metavar": metavar})
+    return flag(default, help_text, metavar=metavar)
 
 
 @dataclass(frozen=True)
@@ -60,41 +61,46 @@ def flag_name(name: str) -> str:
     return name.replace("_", "-")
 
 
-def add_limit_flags(group: argparse._ActionsContainer, *, defaults_shown: bool = True) -> None:
-    """One --flag per TokenizerLimits field. `turnout serve` adds them with no default (None: the
-    tokenizer's own), so it forwards only what was given."""
-    for f in fields(TokenizerLimits):
-        suffix = " (default: %(default)s)" if defaults_shown else f" (tokenizer default: {f.default})"
-        group.add_argument(
-            f"--{flag_name(f.name)}",
-            type=type(f.default),
-            default=f.default if defaults_shown else None,
-            metavar=f.metadata["metavar"],
-            help=f.metadata["help"] + suffix,
-        )
-
-
-def limits_from_args(args: argparse.Namespace) -> TokenizerLimits:
-    return TokenizerLimits(**{f.name: getattr(args, f.name) for f in fields(TokenizerLimits)})
-
-
-def limit_args(args: argparse.Namespace) -> list[str]:
-    """The limit flags given to `turnout serve`, as arguments of `turnout tokenizer`."""
-    given = ((f.name, getattr(args, f.name)) for f in fields(TokenizerLimits))
-    return [arg for name, value in given if value is not None for arg in (f"--{flag_name(name)}", str(value))]
-
-
 @dataclass(frozen=True)
 class TokenizerConfig:
-    model: Path
-    host: str = "127.0.0.1"
-    port: int = 50052
+    model: Path = flag(help="Hugging Face model folder (its tokenizer files, unless --tokenizer)")
+    # A folder whose tokenizer files replace the model's (vLLM's --tokenizer).
+    tokenizer: Path | None = flag(
+        None, "folder of the tokenizer files, when not the model's", aliases=("--tokenizer-path",)
+    )
+    host: str = flag("127.0.0.1", "address the gRPC service listens on")
+    port: int = flag(50052, "port the gRPC service listens on")
     # A Jinja chat template that replaces the model's own (file path or inline text).
-    chat_template: str | None = None
+    chat_template: str | None = flag(None, "Jinja chat template (file path or text) instead of the model's")
+    # How a message's content reaches the template: `string` joins text parts into one string (every
+    # template renders it); `openai` passes the parts list. `auto` is `string`.
+    chat_template_content_format: str = flag(
+        "auto",
+        "how message content reaches the chat template: string (text parts joined), openai (a list of "
+        "parts), auto (string)",
+        choices=CONTENT_FORMATS,
+    )
     # Splits `<think>` blocks out for requests with separate_reasoning (a name in reasoning.REASONING_PARSERS).
-    reasoning_parser: str | None = None
+    reasoning_parser: str | None = flag(
+        None,
+        "split <think> blocks into reasoning_text for requests with separate_reasoning (vLLM's deepseek_r1 is "
+        "deepseek-r1)",
+        choices=tuple(sorted(REASONING_PARSERS)),
+        parse=spelled({"deepseek_r1": "deepseek-r1"}),
+    )
     # Reads tool calls for tool_choice "auto" (a name in tool_parsers.TOOL_PARSERS).
-    tool_call_parser: str | None = None
+    tool_call_parser: str | None = flag(
+        None,
+        "read tool calls from the output for tool_choice 'auto' (none: such requests are refused; SGLang's "
+        "llama3 is llama3_json)",
+        choices=tuple(sorted(TOOL_PARSERS)),
+        parse=spelled({"llama3": "llama3_json"}),
+    )
+    # vLLM's switch for tool_choice "auto": here it is on whenever a tool-call parser is set, so the
+    # flag only checks that one is.
+    enable_auto_tool_choice: bool = flag(
+        False, "accepted for vLLM: tool_choice 'auto' is on whenever --tool-call-parser is given (it needs one)"
+    )
     # Port of the Prometheus /metrics HTTP endpoint (None: not served).
     metrics_port: int | None = None
     limits: TokenizerLimits = TokenizerLimits()
@@ -102,15 +108,23 @@ class TokenizerConfig:
     security: ServiceSecurity = field(default_factory=ServiceSecurity)
 
     def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (the parser reads the calls)")
         if self.reasoning_parser is not None:
             reasoning_parser_class(self.reasoning_parser)
         if self.tool_call_parser is not None:
             tool_parser_class(self.tool_call_parser)
-        if not self.model.is_dir():
-            raise ValueError(f"--model {self.model}: not a folder")
-        if not any((self.model / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-            raise ValueError(f"--model {self.model}: no tokenizer.json or tokenizer_config.json there")
+        which = "--tokenizer" if self.tokenizer is not None else "--model"
+        folder = self.tokenizer_folder
+        if not folder.is_dir():
+            raise ValueError(f"{which} {folder}: not a folder")
+        if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            raise ValueError(f"{which} {folder}: no tokenizer.json or tokenizer_config.json there")
         check_metrics_port(self.metrics_port)
+
+    @property
+    def tokenizer_folder(self) -> Path:
+        return self.tokenizer if self.tokenizer is not None else self.model
 
     @property
     def address(self) -> str:

@@ -12,8 +12,10 @@ from turnout.v1 import common_pb2
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def message_to_dict(message: common_pb2.ChatMessage) -> dict[str, Any]:
-    """A ChatMessage as the dict chat templates expect (OpenAI message shape)."""
+def message_to_dict(message: common_pb2.ChatMessage, content_format: str = "string") -> dict[str, Any]:
+    """A ChatMessage as the dict chat templates expect (OpenAI message shape). `content_format`
+    (--chat-template-content-format): `openai` gives the content as a list of text parts, anything
+    else as one string."""
     if message.role not in CHAT_ROLES:
         raise InvalidArgument(f"unknown chat role {message.role!r}; expected one of {', '.join(CHAT_ROLES)}")
     entry: dict[str, Any] = {"role": message.role}
@@ -27,6 +29,9 @@ def message_to_dict(message: common_pb2.ChatMessage) -> dict[str, Any]:
         entry["content"] = "\n".join(part.text for part in message.content_parts)
     else:
         entry["content"] = ""
+    if content_format == "openai":
+        texts = [part.text for part in message.content_parts] if message.content_parts else [entry["content"]]
+        entry["content"] = [{"type": "text", "text": text} for text in texts]
     if message.HasField("name"):
         entry["name"] = message.name
     if message.tool_calls:

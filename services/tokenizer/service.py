@@ -37,10 +37,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         reasoning_parser: str | None = None,
         tool_call_parser: str | None = None,
         limits: TokenizerLimits | None = None,
+        content_format: str = "auto",
     ) -> None:
         """Parser names as in TokenizerConfig (validated there); None: that parsing is off. The render
         workers start with the first chat (or `start()`); `close()` stops them."""
         self._tokenizer = tokenizer
+        self._content_format = content_format
         self._limits = limits = limits or TokenizerLimits()
         self._render_pool = RenderPool(
             workers=limits.chat_template_workers,
@@ -72,7 +74,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             text = request.text
             size = self._check_prompt_bytes(text, "the prompt")
         elif which == "chat":
-            messages = [message_to_dict(m) for m in request.chat.messages]
+            messages = [message_to_dict(m, self._content_format) for m in request.chat.messages]
             options = template_kwargs(request.chat.options)
             template_options = options.get("template_kwargs") or {}
             text = await self._chat.render(messages, **options, max_chars=self._limits.max_prompt_bytes)

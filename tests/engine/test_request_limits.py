@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from services.engine.config import EngineConfig, add_limit_flags, limit_flag, request_limit_fields
+from services.engine.config import EngineConfig, limit_flag, request_limit_fields
 from services.engine.grammar.constraint import Constraint
 from services.engine.grammar.constraint_limits import ConstraintLimits, check_constraint, json_depth
 from services.engine.sampling_validation import Limits, resolve
@@ -134,9 +134,9 @@ def test_constraint_limits_reach_validation() -> None:
 
 
 def test_every_limit_is_a_positive_flag_of_the_engine_and_of_turnout_serve(tmp_path: object) -> None:
-    import argparse
-
-    from turnout.launcher import build_parser, engine_flags
+    from services.engine.main import build_parser as engine_parser
+    from turnout.launcher import build_parser
+    from turnout.serve_flags import ENGINE, child_flags
 
     names = [limit.name for limit in request_limit_fields()]
     assert names == [
@@ -147,14 +147,12 @@ def test_every_limit_is_a_positive_flag_of_the_engine_and_of_turnout_serve(tmp_p
         "max_grammar_depth",
         "grammar_compile_timeout",
     ]
-    engine = argparse.ArgumentParser()
-    add_limit_flags(engine)
-    defaults = engine.parse_args([])
+    defaults = engine_parser().parse_args(["--model", "/m"])
     assert {n: getattr(defaults, n) for n in names} == {f.name: f.default for f in request_limit_fields()}
     argv = [x for f in request_limit_fields() for x in (limit_flag(f), "2.5" if f.type == "float" else "3")]
     serve = build_parser().parse_args(argv)
-    assert engine_flags(serve)[-2 * len(names) :] == argv
-    assert engine_flags(build_parser().parse_args([])) == []  # unset: the engine's defaults apply
+    assert child_flags(serve, ENGINE) == argv
+    assert child_flags(build_parser().parse_args([]), ENGINE) == []  # unset: the engine's defaults apply
     model = tmp_path / "m"  # type: ignore[operator]
     model.mkdir()
     (model / "config.json").write_text("{}")

@@ -42,7 +42,8 @@ def test_config_defaults_and_frozen() -> None:
 
 def test_cli_flags() -> None:
     args = parse_args(["--router", "r:1"])
-    assert (args.router, args.host, args.port, args.request_timeout, args.log_level) == (
+    # Each flag lands on the GatewayConfig field that declares it.
+    assert (args.router_address, args.host, args.port, args.request_timeout_s, args.log_level) == (
         "r:1",
         "127.0.0.1",
         8000,
@@ -52,7 +53,7 @@ def test_cli_flags() -> None:
     args = parse_args(
         ["--router", "r:1", "--host", "0.0.0.0", "--port", "9", "--request-timeout", "2.5", "--log-level", "debug"]
     )
-    assert (args.host, args.port, args.request_timeout, args.log_level) == ("0.0.0.0", 9, 2.5, "DEBUG")
+    assert (args.host, args.port, args.request_timeout_s, args.log_level) == ("0.0.0.0", 9, 2.5, "DEBUG")
 
 
 def test_cli_requires_router(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,17 +3,26 @@ a flag `turnout serve` passes on when given, and a row of docs/api.md."""
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 from pathlib import Path
 
 import pytest
 
-from services.tokenizer.config import TokenizerLimits, limit_args, limits_from_args
+from services.tokenizer.config import TokenizerLimits
 from services.tokenizer.main import build_parser
 from turnout import launcher
+from turnout.flags import config_kwargs, declared
+from turnout.serve_flags import TOKENIZER, child_flags
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMITS = dataclasses.fields(TokenizerLimits)
+
+
+def limits_from_args(args: argparse.Namespace) -> TokenizerLimits:
+    return TokenizerLimits(**config_kwargs(TokenizerLimits, args))
+
+
+def limit_args(args: argparse.Namespace) -> list[str]:
+    return child_flags(args, TOKENIZER)
 
 
 def test_the_tokenizer_flags_default_to_the_declared_limits() -> None:
@@ -39,5 +48,5 @@ def test_a_limit_below_one_is_refused(name: str) -> None:
 
 def test_every_limit_has_a_row_in_the_api_docs() -> None:
     docs = (ROOT / "docs" / "api.md").read_text()
-    for field in LIMITS:
-        assert f"| `--{field.name.replace('_', '-')} {field.metadata['metavar']}` | {field.default}" in docs
+    for d in declared(TokenizerLimits):
+        assert f"| `{d.flag} {d.spec.metavar}` | {d.default}" in docs

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import argparse
 
-from turnout.logs import LOG_FORMATS, setup_logging
+from turnout.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 from turnout.telemetry.tracing import setup_tracing
 
 
 def add_observability_flags(parser: argparse.ArgumentParser, *, metrics_port: bool) -> None:
-    """`--log-format`, and `--metrics-port` for the gRPC services (the gateway serves /metrics on its HTTP port)."""
+    """`--log-level`, `--log-format`, and `--metrics-port` for the gRPC services (the gateway serves
+    /metrics on its HTTP port)."""
     group = parser.add_argument_group("observability (tracing: set OTEL_TRACES_EXPORTER, see docs/observability.md)")
     group.add_argument(
-        "--log-format", default=None, choices=LOG_FORMATS, help="default: $TURNOUT_LOG_FORMAT, else json"
+        "--log-level",
+        default=None,
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="log level (default: $TURNOUT_LOG_LEVEL, else INFO)",
+    )
+    group.add_argument(
+        "--log-format",
+        default=None,
+        type=str.lower,
+        choices=LOG_FORMATS,
+        help="default: $TURNOUT_LOG_FORMAT, else json",
     )
     if metrics_port:
         group.add_argument(
