@@ -44,6 +44,8 @@ def child_args(serve_argv: list[str], service: str) -> argparse.Namespace:
 # (service, argv, field it sets, value): vLLM's and SGLang's spellings and ours.
 ALIASES: list[tuple[str, list[str], str, Any]] = [
     ("engine", ["--max-num-seqs", "8"], "max_running_requests", 8),
+    ("engine", ["--lora-paths", "sql=/a/sql"], "lora_modules", [("sql", Path("/a/sql"))]),
+    ("engine", ["--max-loras-per-batch", "4"], "max_loras", 4),
     ("engine", ["--max-running-requests", "8"], "max_running_requests", 8),
     ("engine", ["--max-num-batched-tokens", "512"], "max_num_batched_tokens", 512),
     ("engine", ["--chunked-prefill-size", "512"], "max_num_batched_tokens", 512),

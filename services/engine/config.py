@@ -231,11 +231,14 @@ class EngineConfig:
     lora_modules: tuple[tuple[str, Path], ...] = flag(
         (),
         "adapters (PEFT folders) loaded at start, served as `model` NAME and SGLang `lora_path` NAME",
+        aliases=("--lora-paths",),  # SGLang's (there a bare path is accepted too; here NAME=PATH)
         metavar="NAME=PATH",
         item=lambda text: _lora_module_word(text),
         show_item=lambda module: f"{module[0]}={module[1]}",
     )
-    max_loras: int = flag(1, "adapters on the device at once: the most one step can mix")
+    max_loras: int = flag(
+        1, "adapters on the device at once: the most one step can mix", aliases=("--max-loras-per-batch",)
+    )
     max_lora_rank: int = flag(16, "highest adapter rank accepted")
 
     def __post_init__(self) -> None:
