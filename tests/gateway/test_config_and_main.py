@@ -71,12 +71,16 @@ def test_gateway_process_stops_cleanly_on_signal(signum: int) -> None:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and process.poll() is None:
+        # Signalled only once it answers: before its handlers exist a signal just kills it (-15). The
+        # deadline is for a start that hangs, not a timing: a loaded machine took over 30 s.
+        deadline = time.monotonic() + 120
+        answered = False
+        while not answered and time.monotonic() < deadline and process.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
                 httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
-                break
+                answered = True
             time.sleep(0.1)
+        assert answered, "the gateway never answered on its port"
         process.send_signal(signum)
         output = process.communicate(timeout=15)[0].decode(errors="replace")
     finally:
