@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -81,17 +82,17 @@ def convert(gguf: Path, out: Path, fixes: GgufFixes) -> None:
     directory, name = str(gguf.parent), gguf.name
     with _progress_on_tty_only():
         loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(directory, gguf_file=name)
-    if fixes.config is not None:
-        fixes.config(config)
-    # save_pretrained refuses a model loaded from GGUF: copy its weights into a fresh one.
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.load_state_dict({k: v.to(torch.bfloat16) for k, v in loaded.state_dict().items()}, strict=False)
-    model.tie_weights()
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if getattr(config, key, None) is not None:
-            setattr(model.generation_config, key, getattr(config, key))
-    model.save_pretrained(out)
+        config = AutoConfig.from_pretrained(directory, gguf_file=name)
+        if fixes.config is not None:
+            fixes.config(config)
+        # save_pretrained refuses a model loaded from GGUF: copy its weights into a fresh one.
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.load_state_dict({k: v.to(torch.bfloat16) for k, v in loaded.state_dict().items()}, strict=False)
+        model.tie_weights()
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(config, key, None) is not None:
+                setattr(model.generation_config, key, getattr(config, key))
+        model.save_pretrained(out)
 
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     if fixes.tokenizer is not None:
@@ -103,17 +104,24 @@ def convert(gguf: Path, out: Path, fixes: GgufFixes) -> None:
 
 @contextlib.contextmanager
 def _progress_on_tty_only() -> Iterator[None]:
-    """transformers shows a bar while it de-quantizes GGUF tensors, on any stderr; a log file or a
-    pipe gets one line per redraw. tqdm's `disable=None` turns a bar off where stderr is no TTY."""
+    """transformers shows bars while it de-quantizes GGUF tensors and loads them, on any stderr; a
+    log file or a pipe would get one line per redraw. tqdm's `disable=None` turns a bar off where
+    stderr is no TTY; transformers' own bars have a switch."""
     from tqdm.auto import tqdm
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as transformers_logging
 
     original = gguf_utils.tqdm
     gguf_utils.tqdm = functools.partial(tqdm, disable=None)  # type: ignore[attr-defined]
+    shown = transformers_logging.is_progress_bar_enabled()
+    if not sys.stderr.isatty():
+        transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
         gguf_utils.tqdm = original  # type: ignore[attr-defined]
+        if shown:
+            transformers_logging.enable_progress_bar()
 
 
 def write_rope_theta(config_path: Path) -> None:
