@@ -14,6 +14,7 @@ from services.engine.config import (
     kv_cache_memory_from_env,
     request_limit_fields,
 )
+from turnout.model_reference import resolve as resolve_model
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -21,7 +22,9 @@ from turnout.telemetry.service_setup import add_observability_flags, setup_obser
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="turnout engine")
     parser.description = "Serve a model over the Engine gRPC service (token ids in, token ids out)."
-    parser.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
+    parser.add_argument(
+        "--model", type=Path, required=True, help="model folder, .gguf file or Hugging Face id (from its cache)"
+    )
     parser.add_argument("--served-model-name", default=None, help="name clients use (default: the folder's name)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50051)
@@ -134,9 +137,11 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace) -> None:
     setup_observability("engine", args)
     try:
+        # A folder as it is; a GGUF file or a Hugging Face id (as `turnout serve` takes them) resolved here.
+        model = resolve_model(args.model)
         config = EngineConfig(
-            model=args.model,
-            served_model_name=args.served_model_name,
+            model=model.folder,
+            served_model_name=args.served_model_name or model.name,
             host=args.host,
             port=args.port,
             device=args.device,

@@ -9,6 +9,7 @@ from pathlib import Path
 from services.tokenizer.config import TokenizerConfig, add_limit_flags, limits_from_args
 from services.tokenizer.reasoning import REASONING_PARSERS
 from services.tokenizer.tool_parsers import TOOL_PARSERS
+from turnout.model_reference import resolve as resolve_model
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -46,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace) -> None:
     setup_observability("tokenizer", args)
     try:
+        # A folder as it is; a GGUF file or a Hugging Face id (as `turnout serve` takes them) resolved here.
         config = TokenizerConfig(
-            model=args.model,
+            model=resolve_model(args.model, kind="tokenizer").folder,
             host=args.host,
             port=args.port,
             chat_template=args.chat_template,
