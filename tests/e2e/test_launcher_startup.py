@@ -84,7 +84,7 @@ def test_sigterm_leaves_no_process_behind(tiny_model_dir: Path, tmp_path: Path) 
     try:
         schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
         body = {
-            "model": "x",
+            "model": tiny_model_dir.name,
             "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 8,
             "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
