@@ -150,6 +150,9 @@ def _hub_snapshot(
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
+    from huggingface_hub.utils import disable_progress_bars
+
+    from turnout.logs import stderr_is_terminal
 
     cache = hub_cache_dir(download_dir)
     at = f" (revision '{revision}')" if revision else ""
@@ -165,6 +168,8 @@ def _hub_snapshot(
             raise ModelNotFound(f"{kind} '{repo_id}' is {where} (HF_HUB_OFFLINE=1: not downloaded)") from None
         endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         log.info(f"downloading {repo_id} from {endpoint} into {cache}")
+        if not stderr_is_terminal():
+            disable_progress_bars()  # a log file would get one line per redraw
         try:
             folder = Path(
                 snapshot_download(
