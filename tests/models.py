@@ -73,3 +73,63 @@ def build_tiny_thinking_llama(out: Path, tokenizer_source: Path, *, seed: int = 
     tokenizer.save_pretrained(out)
     vocab = (len(tokenizer) + 63) // 64 * 64 if pad_vocab else len(tokenizer)
     return _save_random_llama(out, vocab, seed=seed, max_positions=2048)
+
+
+def build_tiny_gguf(out: Path, source_gguf: Path, *, seed: int = 0, vocab: int = 1024) -> Path:
+    """A GGUF file of a 2-layer random Llama (hidden 64, GQA 4/2 heads, tied embeddings, float32)
+    with the first `vocab` tokens of `source_gguf`'s byte-level BPE tokenizer and the merges among
+    them: a GGUF that converts in seconds (reading 49k tokens and merges takes transformers ~30 s)."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFWriter
+
+    fields = GGUFReader(source_gguf).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()[:vocab]
+    kept = set(tokens)
+    merges = [m for m in fields["tokenizer.ggml.merges"].contents() if {*m.split(" "), m.replace(" ", "")} <= kept]
+    hidden, ffn, heads, kv_heads, layers = 64, 128, 4, 2, 2
+    writer = GGUFWriter(out, "llama")
+    writer.add_name("tiny-llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model(fields["tokenizer.ggml.model"].contents())
+    writer.add_tokenizer_pre(fields["tokenizer.ggml.pre"].contents())
+    writer.add_token_list(tokens)
+    writer.add_token_types(fields["tokenizer.ggml.token_type"].contents()[:vocab])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(2)
+    writer.add_chat_template(fields["tokenizer.chat_template"].contents())
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int) -> np.ndarray:  # numpy order: (out_features, in_features)
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    kv = hidden // heads * kv_heads
+    writer.add_tensor("token_embd.weight", weight(len(tokens), hidden))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    for i in range(layers):
+        for name, shape in (
+            ("attn_q", (hidden, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, hidden)),
+            ("ffn_gate", (ffn, hidden)),
+            ("ffn_up", (ffn, hidden)),
+            ("ffn_down", (hidden, ffn)),
+        ):
+            writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape))
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(hidden, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

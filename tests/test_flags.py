@@ -126,7 +126,7 @@ def test_serve_spellings(argv: list[str], field: str, value: Any) -> None:
 def test_the_tokenizer_folder_reaches_the_tokenizer_and_the_router_keeps_its_address() -> None:
     args = launcher.build_parser().parse_args(["/m", "--tokenizer", "/tok"])
     assert (args.model, args.tokenizer, args.tokenizer_port) == ("/m", "/tok", 0)  # not --tokenizer-port
-    stack = launcher.build_stack(args, Path(args.model))
+    stack = launcher.build_stack(args, Path(args.model), Path(args.tokenizer))  # run() resolves both first
     tokenizer = next(c for c in stack.children if c.name == "tokenizer")
     assert tokenizer_main.build_parser().parse_args(tokenizer.argv[4:]).tokenizer == Path("/tok")
     router = next(c for c in stack.children if c.name == "router")

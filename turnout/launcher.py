@@ -34,7 +34,19 @@ from prometheus_client import CollectorRegistry
 
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
 from turnout.flag_parser import FlagParser
-from turnout.security import add_security_flags, launcher_credentials, stack_environment, stack_flags
+from turnout.model_reference import ModelNotFound, ResolvedModel
+from turnout.model_reference import resolve as resolve_model
+from turnout.port_check import PlannedPort, port_problems
+from turnout.ready_summary import engine_capacity, ready_lines
+from turnout.security import (
+    INTERNAL_TOKEN_ENV,
+    ClientCredentials,
+    add_security_flags,
+    launcher_credentials,
+    stack_environment,
+    stack_flags,
+    tls_from_args,
+)
 from turnout.serve_flags import (
     ENGINE,
     GATEWAY,
@@ -83,12 +95,15 @@ def replica_env(replica: int, replicas: int, gpus: list[str], device: str) -> di
     return {"CUDA_VISIBLE_DEVICES": gpus[replica % len(gpus)]}
 
 
-def build_stack(args: argparse.Namespace, model: Path) -> Stack:
+def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | None = None) -> Stack:
+    """The children serving `model` (a resolved folder); the tokenizer reads `tokenizer_folder` (default: `model`)."""
     ports = {name: getattr(args, f"{name}_port") or free_port() for name in ("tokenizer", "router")}
     engine_ports = [args.engine_port + i if args.engine_port else free_port() for i in range(args.engines)]
     addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     turnout = [sys.executable, "-m", "turnout.cli"]
     common = ["--log-level", args.log_level] if args.log_level else []
+    # Without the flag each child picks by the same rule as the launcher: TURNOUT_TTY tells it
+    # whether the launcher's stderr, where its own goes through a pipe, is a terminal.
     if args.log_format:
         common += ["--log-format", args.log_format]
     # Security: the same TLS files for every child; the secrets travel in the environment (run()).
@@ -114,11 +129,19 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
         env = replica_env(i, args.engines, gpus, args.device)
         engine_metrics = metrics_port()
         engines.append(
-            Child(name, engine + common + metrics_flags(engine_metrics), healthy, 0, env, metrics_port=engine_metrics)
+            Child(
+                name,
+                engine + common + metrics_flags(engine_metrics),
+                healthy,
+                0,
+                env,
+                metrics_port=engine_metrics,
+                port=port,
+            )
         )
     tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
-    if args.tokenizer:
-        tokenizer += ["--tokenizer", str(args.tokenizer)]
+    if tokenizer_folder is not None and tokenizer_folder != model:
+        tokenizer += ["--tokenizer", str(tokenizer_folder)]
     tokenizer += child_flags(args, TOKENIZER)
     router = [*turnout, "router", "--tokenizer", addr["tokenizer"]]
     for port in engine_ports:
@@ -139,6 +162,7 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
                 lambda: grpc_ready(addr["tokenizer"]),
                 0,
                 metrics_port=tokenizer_metrics,
+                port=ports["tokenizer"],
             ),
             Child(
                 "router",
@@ -146,8 +170,9 @@ def build_stack(args: argparse.Namespace, model: Path) -> Stack:
                 lambda: grpc_ready(addr["router"]),
                 1,
                 metrics_port=router_metrics,
+                port=ports["router"],
             ),
-            Child("gateway", gateway + common, lambda: http_healthy(health_url, ca_certs), 2),
+            Child("gateway", gateway + common, lambda: http_healthy(health_url, ca_certs), 2, port=args.port),
         ]
     )
 
@@ -166,8 +191,35 @@ def build_parser(parser: FlagParser | None = None) -> FlagParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
+def planned_ports(args: argparse.Namespace) -> list[PlannedPort]:
+    """Every fixed port the stack will listen on (the free ones are picked when it starts)."""
+    planned = [PlannedPort(args.host, args.port, "gateway --port")]
+    if args.engine_port:
+        for i in range(args.engines):
+            flag = "engine --engine-port" if i == 0 else f"engine{i}: --engine-port + {i}"
+            planned.append(PlannedPort("127.0.0.1", args.engine_port + i, flag))
+    for name in ("tokenizer", "router"):
+        if getattr(args, f"{name}_port"):
+            planned.append(PlannedPort("127.0.0.1", getattr(args, f"{name}_port"), f"{name} --{name}-port"))
+    return planned
+
+
+def resolve_models(args: argparse.Namespace) -> tuple[ResolvedModel, ResolvedModel]:
+    """The model folder and the tokenizer folder the children get (`MODEL`/`--model`, `--tokenizer`)."""
     from turnout.default_model import SERVED_NAME, prepare_default_model
+
+    if args.model is None:
+        folder = prepare_default_model()
+        args.served_model_names = args.served_model_names or [SERVED_NAME]
+        model = ResolvedModel(str(folder), folder, "folder")
+    else:
+        model = resolve_model(args.model, revision=args.revision, download_dir=args.download_dir)
+    if args.tokenizer is None:
+        return model, model
+    return model, resolve_model(args.tokenizer, kind="tokenizer", download_dir=args.download_dir)
+
+
+def run(args: argparse.Namespace) -> int:
     from turnout.logs import setup_logging
 
     setup_logging("launcher", args.log_level, args.log_format)
@@ -179,18 +231,21 @@ def run(args: argparse.Namespace) -> int:
     # variable meant for `turnout serve` (the router's --tokenizer is an address, serve's a folder).
     for name in flag_environment():
         os.environ.pop(name, None)
-    if args.model is None:
-        model = prepare_default_model()
-        args.served_model_names = args.served_model_names or [SERVED_NAME]
-    else:
-        model = Path(args.model)
-    if not (model / "config.json").is_file():
-        raise SystemExit(f"turnout serve: --model {model}: no config.json there")
+    # Before anything is loaded: a busy port fails the start in a second, not after the model loads.
+    problems = port_problems(planned_ports(args))
+    if problems:
+        raise SystemExit("\n".join(f"turnout serve: {problem}" for problem in problems))
+    try:
+        model, tokenizer = resolve_models(args)
+    except ModelNotFound as exc:
+        raise SystemExit(f"turnout serve: {exc}") from None
+    # A Hub id is served under its own name, not its snapshot's commit hash.
+    args.served_model_names = args.served_model_names or [model.name]
     try:
         policy = restart_policy_from_args(args)
         # Children inherit the secrets (never on a command line or in the start log).
         os.environ.update(stack_environment(args))
-        stack = build_stack(args, model)
+        stack = build_stack(args, model.folder, tokenizer.folder)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout serve: {exc}") from None
     registry = CollectorRegistry()
@@ -200,23 +255,35 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not stack.start(args.startup_timeout):
             return 0 if stack.stopping else 1
-        url = f"{'https' if args.ssl_certfile else 'http'}://{args.host}:{args.port}"
-        name = args.served_model_names[0] if args.served_model_names else model.name
-        lines = [f"Turnout is serving {name} at {url}  (OpenAI API: {url}/v1; Ctrl-C stops)"]
-        lines += [
-            f"  {child.name} metrics: http://127.0.0.1:{child.metrics_port}/metrics"
-            for child in stack.children
-            if child.metrics_port is not None
-        ]
-        if args.metrics:
-            server = serve_metrics(registry, "127.0.0.1", 0)
-            lines.append(f"  launcher metrics: http://127.0.0.1:{server.server_port}/metrics")
-        # One write: whoever waits for the ready line sees the metrics addresses with it.
-        print("\n".join(lines), flush=True)
+        # One write: whoever waits for the ready line sees the rest of the summary with it.
+        print("\n".join(summary(args, stack, registry)), flush=True)
         return 0 if supervisor.run() else 1
     finally:
         stack.stop()
         log.info("stopped")
+
+
+def summary(args: argparse.Namespace, stack: Stack, registry: CollectorRegistry) -> list[str]:
+    """The ready line and what follows it (addresses, each engine's KV capacity, metrics ports)."""
+    url = f"{'https' if args.ssl_certfile else 'http'}://{args.host}:{args.port}"
+    # The internal token the children got: GetLoad and GetModelInfo are internal RPCs.
+    credentials = ClientCredentials(bearer=os.environ.get(INTERNAL_TOKEN_ENV), tls=tls_from_args(args))
+    by_name = {child.name: child for child in stack.children}
+    engines = {
+        child.name: engine_capacity(f"127.0.0.1:{child.port}", credentials)
+        for child in stack.children
+        if child.name.startswith("engine")
+    }
+    metrics = [
+        f"  {child.name} metrics: http://127.0.0.1:{child.metrics_port}/metrics"
+        for child in stack.children
+        if child.metrics_port is not None
+    ]
+    if args.metrics:
+        server = serve_metrics(registry, "127.0.0.1", 0)
+        metrics.append(f"  launcher metrics: http://127.0.0.1:{server.server_port}/metrics")
+    router = f"127.0.0.1:{by_name['router'].port}"
+    return ready_lines(args.served_model_names[0], url, router, engines, metrics)
 
 
 def main(argv: list[str] | None = None) -> None:

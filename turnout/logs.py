@@ -1,9 +1,15 @@
-"""Logs, the same in every service: JSON lines (default) or plain text on stderr.
+"""Logs, the same in every service: text for a person at a terminal, JSON lines otherwise, on stderr.
 
 One rule picks the format everywhere: `--log-format` when given, else `TURNOUT_LOG_FORMAT`,
-else `json`. A JSON line holds `timestamp`, `level`, `service`, `logger`, `message`, the
+else `text` when stderr is a terminal and `json` when it is not (a file, a pipe, a container's
+log collector). A JSON line holds `timestamp`, `level`, `service`, `logger`, `message`, the
 `request_id` of the request being served (`turnout.telemetry.request_context`), `trace_id` and
-`span_id` while a span is current (tracing on), and every field passed with `extra=`.
+`span_id` while a span is current (tracing on), and every field passed with `extra=`. Text is
+coloured by level on a terminal (not with NO_COLOR set).
+
+"A terminal" is `TURNOUT_TTY` (1 or 0) when set, else whether stderr is one: the children of
+`turnout serve` write into a pipe the launcher copies to its own stderr, and it tells them what
+that is. Progress bars (`progress_bar`) follow the same rule.
 """
 
 from __future__ import annotations
@@ -13,17 +19,39 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
 from turnout.telemetry.request_context import current_request_id
 
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+TTY_ENV = "TURNOUT_TTY"
 
 # Attributes every LogRecord has; anything else came in through `extra=` and is logged as a field.
-_STANDARD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# `color_message` is uvicorn's copy of the message with ANSI colours in it: noise in both formats.
+_STANDARD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "color_message"}
+# ANSI colours of the level names in coloured text.
+_LEVEL_COLOURS = {
+    "DEBUG": "\x1b[2m",
+    "INFO": "\x1b[32m",
+    "WARNING": "\x1b[33m",
+    "ERROR": "\x1b[31m",
+    "CRITICAL": "\x1b[1;31m",
+}
+_DIM, _RESET = "\x1b[2m", "\x1b[0m"
+
+
+def stderr_is_terminal() -> bool:
+    """Whether this process's logs reach a person at a terminal (TURNOUT_TTY, else stderr's own answer)."""
+    told = os.environ.get(TTY_ENV)
+    if told is not None:
+        return told == "1"
+    return sys.stderr.isatty()
 
 
 def _request_fields(record: logging.LogRecord) -> dict[str, str]:
@@ -61,21 +89,32 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """`time level service logger: message [request_id=… key=value …]` for a person at a terminal."""
+    """`time level service logger: message [request_id=… key=value …]` for a person at a terminal;
+    with `colour`, the level in its colour and the fields dimmed."""
 
-    def __init__(self, service: str) -> None:
-        super().__init__("%(asctime)s %(levelname)s " + service + " %(name)s: %(message)s")
+    def __init__(self, service: str, colour: bool = False) -> None:
+        super().__init__(datefmt="%H:%M:%S")
+        self.service = service
+        self.colour = colour
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        level = record.levelname
+        if self.colour:
+            level = f"{_LEVEL_COLOURS.get(record.levelname, '')}{level}{_RESET}"
+        line = f"{self.formatTime(record, self.datefmt)} {level} {self.service} {record.name}: {record.getMessage()}"
         fields = _request_fields(record)
         fields.update({k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and not k.startswith("_")})
-        return line + "".join(f" {k}={v}" for k, v in fields.items() if k != "span_id")
+        tail = "".join(f" {k}={v}" for k, v in fields.items() if k != "span_id")
+        if tail and self.colour:
+            tail = f"{_DIM}{tail}{_RESET}"
+        if record.exc_info:
+            tail += "\n" + self.formatException(record.exc_info)
+        return line + tail
 
 
 def log_format(flag: str | None = None) -> str:
-    """The format of this process: the flag, else TURNOUT_LOG_FORMAT, else json."""
-    chosen = (flag or os.environ.get("TURNOUT_LOG_FORMAT") or "json").lower()
+    """The format of this process: the flag, else TURNOUT_LOG_FORMAT, else text on a terminal and json elsewhere."""
+    chosen = (flag or os.environ.get("TURNOUT_LOG_FORMAT") or ("text" if stderr_is_terminal() else "json")).lower()
     if chosen not in LOG_FORMATS:
         raise SystemExit(f"log format must be one of {', '.join(LOG_FORMATS)}, got {chosen!r}")
     return chosen
@@ -84,10 +123,19 @@ def log_format(flag: str | None = None) -> str:
 def setup_logging(service: str, level: str | None = None, fmt: str | None = None) -> None:
     """Send all logs to stderr, tagged with the service name, in the chosen format."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service) if log_format(fmt) == "json" else TextFormatter(service))
+    colour = stderr_is_terminal() and not os.environ.get("NO_COLOR")
+    handler.setFormatter(JsonFormatter(service) if log_format(fmt) == "json" else TextFormatter(service, colour))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel((level or os.environ.get("TURNOUT_LOG_LEVEL", "INFO")).upper())
     # Third-party chatter stays at warning unless asked for.
     for noisy in ("uvicorn.access", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def progress_bar(total: int, description: str, unit: str = "it") -> tqdm[Any]:
+    """A progress bar of `total` steps (`.update()` each, or use it as a context manager) on
+    stderr while that is a terminal; invisible otherwise (a log file would get one line per redraw)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, unit=unit, disable=not stderr_is_terminal(), leave=False)

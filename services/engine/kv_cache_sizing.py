@@ -149,6 +149,8 @@ def num_kv_blocks(config: EngineConfig, loaded: LoadedModel, make_backend: Calla
     if config.kv_cache_memory_gib is not None:
         budget = int(config.kv_cache_memory_gib * GIB)
     elif loaded.device.type == "cuda":
+        # A forward of the largest batch, the sampler and (when on) the CUDA graphs: seconds to a minute.
+        log.info("sizing the KV cache: profiling a step's device memory")
         profile = profile_memory(config, loaded, make_backend)
         log.info(
             "device memory profiled",

@@ -9,6 +9,7 @@ import os
 from services.engine.config import EngineConfig, kv_cache_memory_from_env
 from turnout.flag_parser import FlagParser
 from turnout.flags import add_flags, config_kwargs
+from turnout.model_reference import resolve as resolve_model
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> None:
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The config the flags describe; ValueError names a bad one."""
     kwargs = config_kwargs(EngineConfig, args)
+    # A folder as it is; a GGUF file or a Hugging Face id (as `turnout serve` takes them) resolved here.
+    model = resolve_model(kwargs["model"])
+    kwargs["model"] = model.folder
+    kwargs["served_model_name"] = kwargs["served_model_name"] or model.name
     kwargs["kv_cache_memory_gib"] = kv_cache_memory_from_env(args.kv_cache_memory_gib, os.environ)
     return EngineConfig(**kwargs, metrics_port=args.metrics_port, security=ServiceSecurity.from_args(args))
 

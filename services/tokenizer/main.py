@@ -8,6 +8,7 @@ import asyncio
 from services.tokenizer.config import TokenizerConfig, TokenizerLimits
 from turnout.flag_parser import FlagParser
 from turnout.flags import add_flags, config_kwargs
+from turnout.model_reference import resolve as resolve_model
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -28,8 +29,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TokenizerConfig:
     """The config the flags describe; ValueError names a bad one."""
+    kwargs = config_kwargs(TokenizerConfig, args)
+    # Folders as they are; a GGUF file or a Hugging Face id (as `turnout serve` takes them) resolved here.
+    separate = kwargs["tokenizer"] is not None
+    kwargs["model"] = resolve_model(kwargs["model"], kind="model" if separate else "tokenizer").folder
+    if separate:
+        kwargs["tokenizer"] = resolve_model(kwargs["tokenizer"], kind="tokenizer").folder
     return TokenizerConfig(
-        **config_kwargs(TokenizerConfig, args),
+        **kwargs,
         limits=TokenizerLimits(**config_kwargs(TokenizerLimits, args)),
         metrics_port=args.metrics_port,
         security=ServiceSecurity.from_args(args),

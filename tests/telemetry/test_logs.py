@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from turnout.logs import log_format, setup_logging
+from turnout.logs import log_format, progress_bar, setup_logging
 from turnout.telemetry.request_context import set_request_id
 
 log = logging.getLogger("tests.telemetry")
@@ -87,3 +87,52 @@ def test_text_format_and_the_one_rule(monkeypatch: pytest.MonkeyPatch, capsys: p
     monkeypatch.setenv("TURNOUT_LOG_FORMAT", "yaml")
     with pytest.raises(SystemExit, match="log format must be one of json, text, got 'yaml'"):
         log_format(None)
+
+
+def test_text_on_a_terminal_json_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TURNOUT_LOG_FORMAT", raising=False)
+    monkeypatch.setenv("TURNOUT_TTY", "1")  # what `turnout serve` tells children whose logs reach a terminal
+    assert log_format(None) == "text"
+    monkeypatch.setenv("TURNOUT_TTY", "0")
+    assert log_format(None) == "json"
+    assert log_format("text") == "text"
+
+
+def test_text_is_coloured_on_a_terminal_unless_no_color(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TURNOUT_TTY", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    setup_logging("engine", "INFO", "text")
+    log.warning("careful", extra={"blocks": 3})
+    line = capsys.readouterr().err.strip()
+    assert "\x1b[33mWARNING\x1b[0m engine tests.telemetry: careful" in line and "blocks=3" in line
+    monkeypatch.setenv("NO_COLOR", "1")
+    setup_logging("engine", "INFO", "text")
+    log.warning("careful")
+    assert "\x1b" not in capsys.readouterr().err
+    monkeypatch.setenv("TURNOUT_TTY", "0")
+    monkeypatch.delenv("NO_COLOR")
+    setup_logging("engine", "INFO", "text")
+    log.warning("careful")
+    assert "\x1b" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_uvicorns_color_message_is_not_logged(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("gateway", "INFO", fmt)
+    # What uvicorn passes with every line it logs.
+    logging.getLogger("uvicorn.error").info("Started", extra={"color_message": "\x1b[36mStarted\x1b[0m"})
+    err = capsys.readouterr().err
+    assert "Started" in err and "color_message" not in err and "\x1b[36m" not in err
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TURNOUT_TTY", "0")
+    with progress_bar(3, "loading weights", unit="tensor") as bar:
+        bar.update(3)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("TURNOUT_TTY", "1")
+    with progress_bar(3, "loading weights", unit="tensor") as bar:
+        bar.update(3)
+    assert "loading weights:   0%|          | 0/3" in capsys.readouterr().err

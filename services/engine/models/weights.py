@@ -21,6 +21,7 @@ from transformers import AutoConfig, PretrainedConfig
 from services.engine.models.layers import MergedLinear
 from services.engine.models.llama import LlamaForCausalLM
 from services.engine.models.registry import model_class
+from turnout.logs import progress_bar
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -86,7 +87,7 @@ def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, devi
     by_file: dict[Path, list[str]] = {}
     for name in targets:
         by_file.setdefault(files[name], []).append(name)
-    with torch.no_grad():
+    with torch.no_grad(), progress_bar(len(targets), "loading weights", unit="tensor") as bar:
         for file, names in by_file.items():
             with safe_open(file, framework="pt", device=_safetensors_device(device)) as f:
                 for name in names:
@@ -101,6 +102,7 @@ def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, devi
                             f"the model expects {tuple(dest.shape)}"
                         )
                     dest.copy_(tensor)  # converts to the parameter's dtype on the way
+                    bar.update()
 
 
 def build_model(
