@@ -198,6 +198,8 @@ class Linear(nn.Linear):
     The plain weight stays the parameter (loading, tests, the reference path)."""
 
     cpu_weight: CpuWeight | None = None
+    # Tensor parallel: the dimension of each parameter split over the ranks (see parallel_layers.py).
+    shard_dims: dict[str, int] = {}  # replaced per instance, never mutated
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu_weight is not None:
