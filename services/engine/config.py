@@ -19,6 +19,7 @@ LOGPROBS_MODES = ("processed", "raw")
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 SAMPLING_BACKENDS = ("auto", "torch", "triton")
+DISTRIBUTED_BACKENDS = ("auto", "gloo", "nccl")
 # vLLM's name for the CPU KV pool in GiB, honoured as an alias of --kv-cache-memory (0: unset, as in vLLM).
 KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
@@ -118,6 +119,12 @@ class EngineConfig:
     # Longest sequence a replayed decode step may hold: the graphs' block tables are this wide, and
     # the split-K decode grid grows with them (a batch holding a longer sequence runs eagerly).
     cuda_graph_max_seq_len: int = 8192
+    # Tensor parallelism (vLLM --tensor-parallel-size, SGLang --tp-size): the model split over this
+    # many ranks, each a process with its own device (CUDA: cuda:0 .. N-1) and its share of the heads,
+    # MLP rows, vocabulary and KV cache; rank 0 schedules and serves (services/engine/parallel/).
+    tensor_parallel_size: int = 1
+    # torch.distributed backend of the ranks: `auto` is NCCL on CUDA, gloo on CPU.
+    distributed_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -133,6 +140,11 @@ class EngineConfig:
         if self.sampling_backend not in SAMPLING_BACKENDS:
             raise ValueError(
                 f"--sampling-backend must be one of {', '.join(SAMPLING_BACKENDS)}, got {self.sampling_backend!r}"
+            )
+        if self.distributed_backend not in DISTRIBUTED_BACKENDS:
+            raise ValueError(
+                f"--distributed-backend must be one of {', '.join(DISTRIBUTED_BACKENDS)}, "
+                f"got {self.distributed_backend!r}"
             )
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"--scheduling-policy must be one of {', '.join(POLICIES)}")
@@ -151,6 +163,7 @@ class EngineConfig:
             "--grammar-max-whitespace": self.grammar_max_whitespace,
             "--cuda-graph-max-bs": self.cuda_graph_max_bs,
             "--cuda-graph-max-seq-len": self.cuda_graph_max_seq_len,
+            "--tensor-parallel-size": self.tensor_parallel_size,
         }
         positive.update({limit_flag(f): getattr(self, f.name) for f in request_limit_fields()})
         for flag, value in positive.items():

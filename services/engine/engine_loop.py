@@ -222,6 +222,7 @@ class EngineLoop:
             streams = list(self._streams.values())
         self._commands.put(None)
         self._thread.join(timeout=30)
+        self.engine.close(step_running=self._thread.is_alive())
         self.engine.grammars.shutdown()
         for stream in streams:
             stream.emit(Unavailable("engine is shutting down"))

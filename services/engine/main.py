@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
+import threading
 from pathlib import Path
 
 from services.engine.config import (
@@ -16,6 +18,10 @@ from services.engine.config import (
 )
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
+
+# After a tensor-parallel rank is lost, how long the graceful stop may take before the process exits anyway
+# (a collective on NCCL can wait forever for the dead rank).
+LOST_RANK_EXIT_S = 30.0
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -73,6 +79,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=int,
         default=8192,
         help="longest sequence a replayed decode step may hold; batches with longer ones run eagerly",
+    )
+    parallel = parser.add_argument_group("tensor parallelism")
+    parallel.add_argument(
+        "--tensor-parallel-size",
+        "--tp-size",
+        dest="tensor_parallel_size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model over N ranks (processes this engine starts; on CUDA one GPU each), "
+        "rank 0 scheduling for all (vLLM --tensor-parallel-size, SGLang --tp-size; default: 1)",
+    )
+    parallel.add_argument(
+        "--distributed-backend",
+        default="auto",
+        help="torch.distributed backend of the ranks: auto (nccl on CUDA, gloo on CPU), gloo or nccl",
     )
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
@@ -166,6 +188,8 @@ def run(args: argparse.Namespace) -> None:
             disable_cuda_graph=args.disable_cuda_graph,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
             cuda_graph_max_seq_len=args.cuda_graph_max_seq_len,
+            tensor_parallel_size=args.tensor_parallel_size,
+            distributed_backend=args.distributed_backend,
             **{limit.name: getattr(args, limit.name) for limit in request_limit_fields()},
         )
     except ValueError as exc:
@@ -190,6 +214,9 @@ async def _serve(config: EngineConfig) -> None:
         )
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
+    ranks = engine.engine.ranks
+    if ranks is not None:
+        ranks.on_lost(_stop_serving)
     servicer = EngineServicer(engine.engine.loaded, engine, config)
     spec = ServiceSpec(
         name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
@@ -205,6 +232,19 @@ async def _serve(config: EngineConfig) -> None:
     await serve(
         config.address, [spec], service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
     )
+    if ranks is not None and ranks.lost is not None:
+        raise SystemExit(f"turnout engine: {ranks.lost}")
+
+
+def _stop_serving(reason: str) -> None:
+    """A tensor-parallel rank is gone: no step can run any more. Stop as on SIGTERM (health NOT_SERVING,
+    so the router drops this engine; open calls end UNAVAILABLE), then exit non-zero (above), so a
+    supervisor restarts the engine with all its ranks; if the stop hangs, exit anyway."""
+    del reason  # logged by Ranks
+    os.kill(os.getpid(), signal.SIGTERM)
+    timer = threading.Timer(LOST_RANK_EXIT_S, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
 
 
 if __name__ == "__main__":
