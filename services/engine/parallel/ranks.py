@@ -24,13 +24,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from services.engine.config import EngineConfig
 from services.engine.parallel.group import TensorParallel, backend_for, check_divisible
+from turnout.security import ServiceSecurity
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,13 @@ def cpu_threads_per_rank(world_size: int, device: torch.device) -> int | None:
 class Ranks:
     """The group seen from rank 0: `tp` for the model, and the other ranks' processes."""
 
-    def __init__(self, tp: TensorParallel, workers: list[subprocess.Popen[bytes]]) -> None:
+    def __init__(
+        self, tp: TensorParallel, workers: list[subprocess.Popen[bytes]], threads_before: int | None = None
+    ) -> None:
         self.tp = tp
         self.workers = workers
+        # Rank 0's torch threads before it took its share of the cores; given back when the ranks stop.
+        self._threads_before = threads_before
         self.lost: str | None = None  # why a rank was lost, once one was
         self._stopping = False
         self._on_lost: Callable[[str], None] | None = None
@@ -98,11 +103,14 @@ class Ranks:
         device = rank_device(config, 0)
         backend = backend_for(config.distributed_backend, device)
         threads = cpu_threads_per_rank(world_size, device)
+        threads_before = torch.get_num_threads()
         if threads is not None:
             torch.set_num_threads(threads)
         store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
         address = f"127.0.0.1:{store.port}"
-        workers = [_spawn(WorkerSpec(config, rank, address, backend, threads)) for rank in range(1, world_size)]
+        # The workers serve nothing: they get no credentials.
+        worker_config = replace(config, security=ServiceSecurity())
+        workers = [_spawn(WorkerSpec(worker_config, r, address, backend, threads)) for r in range(1, world_size)]
         try:
             _wait_started(store, workers)
             tp = TensorParallel.join(0, world_size, store, backend, device)
@@ -110,9 +118,10 @@ class Ranks:
             for worker in workers:
                 worker.kill()
                 worker.wait()
+            torch.set_num_threads(threads_before)
             raise
         log.info("tensor parallel group ready", extra={"ranks": world_size, "backend": backend, "device": str(device)})
-        return cls(tp, workers)
+        return cls(tp, workers, threads_before)
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call `callback(reason)` (from the watcher thread) once a rank is lost; at once if one was."""
@@ -136,8 +145,9 @@ class Ranks:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-        if self.lost is None:
+        if self.lost is None or self.tp.device.type != "cuda":  # NCCL may wait on a dead rank forever
             self.tp.leave()
+        self._give_back_threads()
 
     def abandon(self) -> None:
         """Kill the other ranks at once (rank 0 failed to build its engine: they may be mid-load)."""
@@ -147,6 +157,12 @@ class Ranks:
                 worker.kill()
             worker.wait()
         self.tp.leave()
+        self._give_back_threads()
+
+    def _give_back_threads(self) -> None:
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     def _watch(self) -> None:
         while not self._stopping:
