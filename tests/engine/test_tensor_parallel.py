@@ -155,3 +155,16 @@ def test_two_nccl_ranks_give_the_greedy_tokens_of_one(one_rank: LLM, tiny_model_
     with LLM(tiny_model_dir, device="cuda", tensor_parallel_size=2, **ENGINE) as two:
         assert two.engine.ranks is not None and two.engine.ranks.tp.device == torch.device("cuda", 0)
         assert greedy(two) == expected
+
+
+def test_flags_and_their_checks(tiny_model_dir: Path) -> None:
+    from services.engine.config import EngineConfig
+    from services.engine.main import build_parser
+
+    for flag in ("--tensor-parallel-size", "--tp-size"):
+        args = build_parser().parse_args(["--model", str(tiny_model_dir), flag, "2", "--distributed-backend", "gloo"])
+        assert (args.tensor_parallel_size, args.distributed_backend) == (2, "gloo")
+    with pytest.raises(ValueError, match="--tensor-parallel-size must be positive"):
+        EngineConfig(model=tiny_model_dir, tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="--distributed-backend must be one of auto, gloo, nccl"):
+        EngineConfig(model=tiny_model_dir, distributed_backend="mpi")
