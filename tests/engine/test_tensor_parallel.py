@@ -168,3 +168,15 @@ def test_flags_and_their_checks(tiny_model_dir: Path) -> None:
         EngineConfig(model=tiny_model_dir, tensor_parallel_size=0)
     with pytest.raises(ValueError, match="--distributed-backend must be one of auto, gloo, nccl"):
         EngineConfig(model=tiny_model_dir, distributed_backend="mpi")
+
+
+@pytest.mark.default_model
+def test_the_default_model_on_three_ranks_gives_one_ranks_greedy_tokens(default_model_dir: Path) -> None:
+    """SmolLM2-135M: 9 query heads and 3 KV heads split over 3 ranks (2 would not divide them)."""
+    with pytest.raises(ValueError, match=r"num_attention_heads=9 and num_key_value_heads=3"):
+        LLM(default_model_dir, device="cpu", tensor_parallel_size=2, **ENGINE)
+    params = {**GREEDY, "max_new_tokens": 8}
+    with LLM(default_model_dir, device="cpu", **ENGINE) as one:
+        expected = [o.output_token_ids for o in one.generate(PROMPTS[:2], params)]
+    with LLM(default_model_dir, device="cpu", tensor_parallel_size=3, **ENGINE) as three:
+        assert [o.output_token_ids for o in three.generate(PROMPTS[:2], params)] == expected
