@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,11 @@ def test_serve_with_two_ranks_gives_one_ranks_greedy_text_and_stops_every_rank(
     finally:
         stack.stop(timeout_s=60)
     assert stack.process.returncode == 0, stack.log()
+    # Stopped, not lost or killed: rank 0 sent its shutdown message before its step thread (the rank's
+    # parent, whose end would SIGKILL it) ended, and rank 1 left its loop.
+    log = stack.log_path.read_text(errors="replace")
+    assert "rank lost" not in log
+    assert re.search(r'tensor parallel ranks stopped.*"exit_codes": \[0\]', log), log[-3000:]
     _, alive = psutil.wait_procs(workers, timeout=5)
     assert not alive, "SIGTERM to the stack left a tensor-parallel rank running"
 

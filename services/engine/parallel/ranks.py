@@ -145,6 +145,8 @@ class Ranks:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
+        # 0 for each rank that left on the shutdown message; -9 for one that had to be killed.
+        log.info("tensor parallel ranks stopped", extra={"exit_codes": [w.returncode for w in self.workers]})
         if self.lost is None or self.tp.device.type != "cuda":  # NCCL may wait on a dead rank forever
             self.tp.leave()
         self._give_back_threads()

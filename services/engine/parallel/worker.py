@@ -64,7 +64,8 @@ def run(spec: WorkerSpec) -> None:
 
 
 def main() -> None:
-    # Rank 0 ends its ranks: die with it (even SIGKILLed), and leave Ctrl-C of the terminal to it.
+    # Rank 0 ends its ranks: die with it (even SIGKILLed), and leave Ctrl-C of the terminal to it. The
+    # signal comes when the *thread* that started this process ends: rank 0 stops its ranks before that.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
