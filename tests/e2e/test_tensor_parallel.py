@@ -111,3 +111,18 @@ async def test_a_dead_rank_takes_its_engine_out_of_the_pool_and_the_router_serve
         responses = await router.generate(prompt(rng), max_new_tokens=4)
         assert responses[-1].complete.finish_reason.WhichOneof("kind") == "length"
     assert (await router.statuses())[single.address].requests_total == served + 4
+
+
+def test_a_sigkilled_engine_leaves_no_rank_behind(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ["engine", "--model", str(tiny_model_dir), *ENGINE_FLAGS, "--tp-size", "2"]
+    engine = Service("tp-engine", args, tmp_path / "tp.log").start()
+    try:
+        engine.wait_healthy()
+        assert engine.process is not None
+        workers = workers_of(engine.process.pid)
+        assert len(workers) == 1
+        engine.kill()  # no graceful stop: the worker goes with it (PR_SET_PDEATHSIG; on gloo its socket closes too)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive
+    finally:
+        engine.stop()
