@@ -5,7 +5,9 @@
 2. shared prefix: requests sharing a long prefix, prefix caching on vs off;
 3. scheduler overhead: time per step outside the model forward, at a given number of
    running requests;
-4. sampling: the throughput workload with every sampler on (and logprobs) vs greedy.
+4. sampling: the throughput workload with every sampler on (and logprobs) vs greedy;
+5. LoRA: the throughput workload spread over 4 adapters (seeded random, rank 8, every projection,
+   made with `peft`) vs the base model alone.
 
     python -m benchmarks.bench_engine [--model PATH] [--requests 64] [--output-len 128]
 
@@ -150,6 +152,7 @@ def main() -> None:
     parser.add_argument("--overhead-running", type=int, default=32)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--only-samplers", action="store_true", help="run only the sampler comparison (4.)")
+    parser.add_argument("--only-lora", action="store_true", help="run only the LoRA comparison (5.)")
     args = parser.parse_args()
 
     if args.model is None:
@@ -168,6 +171,10 @@ def main() -> None:
     prompts = make_prompts(args.requests, low, high, seed=0, vocab=vocab)
     if args.only_samplers:
         rows += sampler_rows(config, loaded, prompts, args.output_len)
+        print_table(rows)
+        return
+    if args.only_lora:
+        rows += lora_rows(config, loaded, prompts, args.output_len)
         print_table(rows)
         return
 
@@ -232,7 +239,45 @@ def main() -> None:
 
     # 4. The full sampler vs greedy on the throughput workload.
     rows += sampler_rows(config, loaded, prompts, args.output_len)
+    # 5. Four LoRA adapters vs the base model.
+    rows += lora_rows(config, loaded, prompts, args.output_len)
     print_table(rows)
+
+
+def lora_rows(
+    config: EngineConfig, loaded: LoadedModel, prompts: list[list[int]], output_len: int, adapters: int = 4
+) -> list[tuple[str, str]]:
+    """Throughput of the requests spread round-robin over `adapters` LoRA adapters (all on the device
+    at once) vs the same requests on the base model, one run: each twice, alternating, the better
+    of each kept (on a shared machine one run alone swings by 10-20%)."""
+    import dataclasses
+    import tempfile
+
+    from tests.lora_adapters import build_lora_adapter
+
+    with tempfile.TemporaryDirectory() as folder:
+        paths = tuple(
+            (f"a{i}", build_lora_adapter(config.model, Path(folder) / f"a{i}", seed=i, rank=8)) for i in range(adapters)
+        )
+        lora_config = dataclasses.replace(
+            config, enable_lora=True, lora_modules=paths, max_loras=adapters, max_lora_rank=8
+        )
+        results = {"base": 0.0, "lora": 0.0}
+        for name in ("base", "lora", "base", "lora"):
+            engine = LLMEngine(lora_config if name == "lora" else config, loaded)
+            requests = engine_requests(engine, prompts, output_len, "l")
+            if name == "lora":
+                requests = [dataclasses.replace(r, lora_name=f"a{i % adapters}") for i, r in enumerate(requests)]
+            seconds, tokens, _ = run_engine(engine, requests)
+            results[name] = max(results[name], tokens / seconds)
+    ratio = results["lora"] / results["base"]
+    return [
+        (
+            f"{adapters} LoRA adapters (rank 8, all projections) vs the base model, {len(prompts)} requests, "
+            f"{output_len} out",
+            f"{results['lora']:.1f} vs {results['base']:.1f} tok/s = **{ratio:.2f}x**",
+        )
+    ]
 
 
 def sampler_rows(

@@ -133,11 +133,15 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
     )
 
     processors = _per_prompt(req.custom_logit_processor, count, "custom_logit_processor")
+    adapters = _per_prompt(req.lora_path, count, "lora_path")
     out = []
-    for prompt, sp, rid, options, processor in zip(prompts, params, rids, logprobs, processors, strict=True):
+    for prompt, sp, rid, options, processor, adapter in zip(
+        prompts, params, rids, logprobs, processors, adapters, strict=True
+    ):
         add_special_tokens = sp.add_special_tokens if sp is not None else None
         sampling = _native_sampling(sp, processor)
         msg = _base_request(rid or "", req.model, add_special_tokens, req.priority, sampling, native_logprobs(*options))
+        msg.lora_name = adapter or ""
         if isinstance(prompt, str):
             msg.text = prompt
         else:

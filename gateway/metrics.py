@@ -16,10 +16,17 @@ the handlers.
 
 TTFT and ITL are recorded for every generate request, streamed or not: the gateway reads a
 stream from the router either way.
+
+`/metrics` is the whole stack's page: these series, and what the router's `Metrics.Scrape`
+returns (its own, every engine's and every tokenizer's: services/router/stack_metrics.py),
+merged. A router that does not answer within `ROUTER_SCRAPE_TIMEOUT_S` costs its part of the
+page and shows as `turnout_scrape_up{service="router"} 0`; the gateway's own series are always
+there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -33,12 +40,18 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from turnout.telemetry import tracing
+from turnout.telemetry import exposition, tracing
 from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from turnout.telemetry.metrics_service import scrape
 from turnout.telemetry.request_context import set_request_id
 from turnout.v1 import inference_pb2
 
 PREFIX = "turnout_gateway"
+# Seconds the router may take for the stack's page; it gives each engine and tokenizer at most
+# BACKEND_SCRAPE_TIMEOUT_S of that, so a hung engine still leaves the router time to answer.
+# Both stay well under Prometheus' default scrape timeout (10 s).
+ROUTER_SCRAPE_TIMEOUT_S = 4.0
+BACKEND_SCRAPE_TIMEOUT_S = 2.0
 
 
 class GatewayMetrics:
@@ -183,4 +196,21 @@ router = APIRouter()
 @router.get("/metrics")
 async def metrics_endpoint(request: Request) -> Response:
     metrics: GatewayMetrics = request.app.state.metrics
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    own = generate_latest(metrics.registry).decode()
+    client = request.app.state.router
+    if client.channel is None:  # an app built around bare stubs (tests): no stack to ask
+        return Response(own, media_type=CONTENT_TYPE_LATEST)
+    stack = await scrape(client.channel, ROUTER_SCRAPE_TIMEOUT_S, BACKEND_SCRAPE_TIMEOUT_S)
+    page = await asyncio.to_thread(_stack_page, own, stack, client.address)
+    return Response(page, media_type=CONTENT_TYPE_LATEST)
+
+
+def _stack_page(own: str, stack: str | None, router_address: str) -> bytes:
+    parts = [exposition.parse(own)]
+    if stack is not None:
+        try:
+            parts.append(exposition.parse(stack))
+        except ValueError:  # a malformed page counts as no answer
+            stack = None
+    parts.append([exposition.scrape_up("router", {router_address: stack is not None})])
+    return exposition.render(exposition.merge(parts))

@@ -34,7 +34,8 @@ def _model_card(info: common_pb2.ModelInfo, created: int) -> dict[str, Any]:
         "created": created,
         "owned_by": "turnout",
         "root": info.path,
-        "parent": None,
+        # vLLM: a LoRA adapter's card names its base model (root: the adapter's own path).
+        "parent": info.parent or None,
         "max_model_len": info.max_context_length,
     }
 

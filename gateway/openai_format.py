@@ -109,7 +109,8 @@ def finish(sample: Sample, named_tool: bool = False) -> tuple[str, int | str | N
 
 def usage(samples: Sequence[Sample], *, chat: bool = False) -> dict[str, Any]:
     """Token counts of a whole response: each prompt counted once, every sample's completion.
-    Chat also counts the completion tokens spent thinking, as OpenAI's chat usage does."""
+    Chat also counts the completion tokens spent thinking: where OpenAI puts them
+    (`completion_tokens_details.reasoning_tokens`) and where SGLang does (`reasoning_tokens`)."""
     prompt_tokens: dict[int, int] = {}
     cached_tokens: dict[int, int] = {}
     for s in samples:
@@ -125,7 +126,9 @@ def usage(samples: Sequence[Sample], *, chat: bool = False) -> dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": sum(cached_tokens.values())},
     }
     if chat:
-        counts["completion_tokens_details"] = {"reasoning_tokens": sum(s.reasoning_tokens for s in samples)}
+        reasoning = sum(s.reasoning_tokens for s in samples)
+        counts["reasoning_tokens"] = reasoning
+        counts["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return counts
 
 

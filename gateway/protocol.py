@@ -315,6 +315,9 @@ class NativeGenerateRequest(_Body):
     # Turnout extension: the served model; empty means the default one.
     model: str | None = None
     priority: I32 | None = None
+    # SGLang: the LoRA adapter (a loaded adapter's name, or the path it was loaded from), one for
+    # all prompts or one per prompt (None: the base model).
+    lora_path: str | list[str | None] | None = None
 
     return_logprob: bool | list[bool] | None = None
     # First prompt position with logprobs; -1 (SGLang's default): none of the prompt.

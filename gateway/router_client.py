@@ -139,6 +139,22 @@ class RouterClient:
         metadata = (("authorization", f"Bearer {admin_key}"),)
         return await self.admin.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.timeout_s, metadata=metadata)
 
+    async def load_lora_adapter(self, admin_key: str, name: str, path: str) -> None:
+        """RouterAdmin.LoadLoraAdapter as the caller holding `admin_key` (the router and each engine check it)."""
+        assert self.admin is not None, "RouterClient built without the admin stub"
+        await self.connected()
+        metadata = (("authorization", f"Bearer {admin_key}"),)
+        request = engine_pb2.LoadLoraAdapterRequest(lora_name=name, lora_path=path)
+        await self.admin.LoadLoraAdapter(request, timeout=self.timeout_s, metadata=metadata)
+
+    async def unload_lora_adapter(self, admin_key: str, name: str) -> None:
+        """RouterAdmin.UnloadLoraAdapter, as load_lora_adapter."""
+        assert self.admin is not None, "RouterClient built without the admin stub"
+        await self.connected()
+        metadata = (("authorization", f"Bearer {admin_key}"),)
+        request = engine_pb2.UnloadLoraAdapterRequest(lora_name=name)
+        await self.admin.UnloadLoraAdapter(request, timeout=self.timeout_s, metadata=metadata)
+
 
 def router_of(request: Request) -> RouterClient:
     """The client `create_app` put on the app state."""

@@ -120,7 +120,9 @@ def compose() -> Compose:
 
 
 def services(doc: Compose) -> dict[str, dict[str, Any]]:
-    return doc.get("services") or {}
+    """The Turnout services: those under a profile (`monitoring`: Prometheus, Grafana) start only
+    when asked for and are checked in tests/test_monitoring_deploy.py."""
+    return {name: svc for name, svc in (doc.get("services") or {}).items() if not svc.get("profiles")}
 
 
 # ---------------------------------------------------------------------------

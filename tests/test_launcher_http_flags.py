@@ -64,3 +64,20 @@ def test_memory_and_cuda_graph_flags_reach_every_engine() -> None:
     args = engine_parser().parse_args(plain.argv[plain.argv.index("engine") + 1 :])
     assert (args.gpu_memory_utilization, args.cuda_graph_max_bs, args.disable_cuda_graph) == (0.9, None, False)
     assert args.cuda_graph_max_seq_len == 8192
+
+
+def test_lora_flags_reach_every_engine() -> None:
+    from services.engine.main import build_parser as engine_parser
+
+    argv = ["--model", "/m", "--engines", "2", "--enable-lora", "--lora-modules", "sql=/a/sql", "chat=/a/chat"]
+    argv += ["--max-loras", "4", "--max-lora-rank", "32"]
+    stack = launcher.build_stack(launcher.build_parser().parse_args(argv), Path("/m"))
+    engines = [child for child in stack.children if child.name.startswith("engine")]
+    assert len(engines) == 2
+    for engine in engines:
+        args = engine_parser().parse_args(engine.argv[engine.argv.index("engine") + 1 :])
+        assert args.enable_lora and (args.max_loras, args.max_lora_rank) == (4, 32)
+        assert args.lora_modules == [("sql", Path("/a/sql")), ("chat", Path("/a/chat"))]
+    plain = launcher.build_stack(launcher.build_parser().parse_args(["--model", "/m"]), Path("/m")).children[0]
+    args = engine_parser().parse_args(plain.argv[plain.argv.index("engine") + 1 :])
+    assert (args.enable_lora, args.lora_modules, args.max_loras, args.max_lora_rank) == (False, [], 1, 16)

@@ -47,6 +47,10 @@ ADMIN_METHODS = frozenset(
         "/turnout.v1.RouterAdmin/AddEngine",
         "/turnout.v1.RouterAdmin/RemoveEngine",
         "/turnout.v1.RouterAdmin/FlushCache",
+        "/turnout.v1.Engine/LoadLoraAdapter",
+        "/turnout.v1.Engine/UnloadLoraAdapter",
+        "/turnout.v1.RouterAdmin/LoadLoraAdapter",
+        "/turnout.v1.RouterAdmin/UnloadLoraAdapter",
     }
 )
 

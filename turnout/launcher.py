@@ -178,11 +178,15 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
         "cuda_graph_max_seq_len",
         "tensor_parallel_size",
         "distributed_backend",
+        "max_loras",
+        "max_lora_rank",
     ):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
-    for switch in ("enable_custom_logit_processor", "disable_cuda_graph"):
+    if args.lora_modules:
+        flags += ["--lora-modules", *args.lora_modules]
+    for switch in ("enable_custom_logit_processor", "disable_cuda_graph", "enable_lora"):
         if getattr(args, switch):
             flags.append(f"--{switch.replace('_', '-')}")
     if args.overlap_schedule is not None:
@@ -334,6 +338,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=int,
         default=None,
         help="engine: longest sequence a replayed decode step may hold (engine default: 8192)",
+    )
+    parser.add_argument("--enable-lora", action="store_true", help="engine: serve LoRA adapters (docs/lora.md)")
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="engine: LoRA adapters (PEFT folders) loaded at start, addressed as `model` NAME",
+    )
+    parser.add_argument(
+        "--max-loras", type=int, default=None, help="engine: adapters on the device at once (engine default: 1)"
+    )
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=None, help="engine: highest adapter rank accepted (engine default: 16)"
     )
     parser.add_argument(
         "--reasoning-parser",

@@ -87,10 +87,11 @@ class BlockManager:
         """A copy of the sequence's block table ([] for a sequence without blocks)."""
         return list(self._tables.get(seq_id, ()))
 
-    def match_prefix(self, seq_id: str, token_ids: Sequence[int]) -> int:
+    def match_prefix(self, seq_id: str, token_ids: Sequence[int], salt: int | None = None) -> int:
         """Start the block table of a sequence without blocks with the longest run of cached full blocks of
         token_ids, referencing each; return the tokens they cover. At most (len-1)//block_size blocks, so at
-        least one token is left to compute. 0 with prefix caching off."""
+        least one token is left to compute. 0 with prefix caching off. `salt` (the sequence's LoRA adapter,
+        see BlockKey) is the same in every call for one sequence."""
         if self._tables.get(seq_id):
             raise ValueError(f"match_prefix on sequence {seq_id!r}, which already has blocks")
         if not self.enable_prefix_caching:
@@ -100,7 +101,7 @@ class BlockManager:
         chain: list[BlockKey] = []
         parent: BlockKey | None = None
         for i in range((len(token_ids) - 1) // bs):
-            block = self._pool.lookup(BlockKey(parent, tuple(token_ids[i * bs : (i + 1) * bs])))
+            block = self._pool.lookup(BlockKey(parent, tuple(token_ids[i * bs : (i + 1) * bs]), salt))
             if block is None:
                 break
             parent = self._pool.key(block)
@@ -116,7 +117,9 @@ class BlockManager:
         self._num_hit_tokens += len(blocks) * bs
         return len(blocks) * bs
 
-    def keys_of_new_blocks(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> list[BlockKey]:
+    def keys_of_new_blocks(
+        self, seq_id: str, token_ids: Sequence[int], num_tokens: int, salt: int | None = None
+    ) -> list[BlockKey]:
         """The keys the full blocks among the sequence's first num_tokens tokens will have once computed, for
         those past its chain (matched or already offered to the cache); nothing is registered. [] with prefix
         caching off. The scheduler uses it to see which blocks a step is about to compute."""
@@ -127,7 +130,7 @@ class BlockManager:
         keys: list[BlockKey] = []
         parent = chain[-1] if chain else None
         for i in range(len(chain), min(num_tokens, len(token_ids)) // bs):
-            parent = BlockKey(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+            parent = BlockKey(parent, tuple(token_ids[i * bs : (i + 1) * bs]), salt)
             keys.append(parent)
         return keys
 
@@ -157,7 +160,9 @@ class BlockManager:
         self._chains.setdefault(seq_id, [])
         return True
 
-    def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+    def cache_full_blocks(
+        self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int, salt: int | None = None
+    ) -> None:
         """The first num_computed_tokens of the sequence have their K/V written: offer each full block among
         them to the prefix cache. An identical block already cached stays the cached copy; this sequence's
         block then stays uncached (back to free on release)."""
@@ -171,7 +176,7 @@ class BlockManager:
             )
         bs = self.block_size
         for i in range(len(chain), num_computed_tokens // bs):
-            key = BlockKey(chain[-1] if chain else None, tuple(token_ids[i * bs : (i + 1) * bs]))
+            key = BlockKey(chain[-1] if chain else None, tuple(token_ids[i * bs : (i + 1) * bs]), salt)
             # Build on the cached key, so later keys share its parent object and compare in one step.
             chain.append(self._pool.register(table[i], key))
 

@@ -29,17 +29,23 @@ def _hash_block(parent_hash: int | None, tokens: tuple[int, ...]) -> int:
 
 
 class BlockKey:
-    """The identity of a full block's content: (parent block's key, its token ids)."""
+    """The identity of a full block's content: (parent block's key, its token ids, salt).
 
-    __slots__ = ("_hash", "parent", "tokens")
+    The salt names what else the K/V depend on besides the tokens: the LoRA adapter of the sequence
+    (its uid; None for the base model), so the same prompt under two adapters never shares a block."""
+
+    __slots__ = ("_hash", "parent", "salt", "tokens")
     _hash: int
     parent: BlockKey | None
     tokens: tuple[int, ...]
+    salt: int | None
 
-    def __init__(self, parent: BlockKey | None, tokens: tuple[int, ...]) -> None:
+    def __init__(self, parent: BlockKey | None, tokens: tuple[int, ...], salt: int | None = None) -> None:
         self.parent = parent
         self.tokens = tokens
-        self._hash = _hash_block(None if parent is None else parent._hash, tokens)
+        self.salt = salt
+        hashed = _hash_block(None if parent is None else parent._hash, tokens)
+        self._hash = hashed if salt is None else hash((hashed, salt))
 
     def __hash__(self) -> int:
         return self._hash
@@ -52,7 +58,7 @@ class BlockKey:
         a: BlockKey | None = self
         b: BlockKey | None = other
         while a is not b:
-            if a is None or b is None or a._hash != b._hash or a.tokens != b.tokens:
+            if a is None or b is None or a._hash != b._hash or a.tokens != b.tokens or a.salt != b.salt:
                 return False
             a, b = a.parent, b.parent
         return True

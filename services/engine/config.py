@@ -125,6 +125,13 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     # torch.distributed backend of the ranks: `auto` is NCCL on CUDA, gloo on CPU.
     distributed_backend: str = "auto"
+    # LoRA adapters (vLLM's flags; services/engine/lora/): served at all, those loaded at start
+    # (name, PEFT folder), how many may be on the device at once (the most a step can mix), and the
+    # highest rank accepted (every slot is sized for it).
+    enable_lora: bool = False
+    lora_modules: tuple[tuple[str, Path], ...] = ()
+    max_loras: int = 1
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -178,6 +185,18 @@ class EngineConfig:
         if self.max_waiting_requests < 0:
             raise ValueError("--max-waiting-requests must be >= 0")
         check_metrics_port(self.metrics_port)
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError(
+                f"--max-loras and --max-lora-rank must be >= 1, got {self.max_loras}, {self.max_lora_rank}"
+            )
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            # The row-parallel projections' LoRA terms would need sharding and the all-reduce too; not done yet.
+            raise ValueError("--enable-lora cannot be combined with --tensor-parallel-size > 1 yet")
+        names = [name for name, _ in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--lora-modules names must be unique, got {', '.join(names)}")
 
     @property
     def cuda_graph_batch_limit(self) -> int:
@@ -195,6 +214,14 @@ class EngineConfig:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+def parse_lora_module(text: str) -> tuple[str, Path]:
+    """One --lora-modules entry, `name=path` (vLLM's form)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"--lora-modules entries are name=path, got {text!r}")
+    return name.strip(), Path(path.strip())
 
 
 def request_limit_fields() -> tuple[Field[Any], ...]:

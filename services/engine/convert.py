@@ -35,7 +35,12 @@ def request_from_proto(
         processors=processors,
     )
     sampling = resolve(message.sampling_params, defaults, limits, message.logprob_options)
-    return EngineRequest(request_id=message.request_id, input_ids=tuple(message.input_ids), sampling=sampling)
+    return EngineRequest(
+        request_id=message.request_id,
+        input_ids=tuple(message.input_ids),
+        sampling=sampling,
+        lora_name=message.lora_name or None,
+    )
 
 
 def finish_to_proto(finish: Finish, completion_tokens: int) -> common_pb2.FinishReason:

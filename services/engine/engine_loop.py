@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 from services.engine.llm_engine import LLMEngine
 from services.engine.request import EngineOutput, EngineRequest, LoadReport
@@ -34,6 +35,7 @@ from turnout.errors import InvalidArgument, ResourceExhausted, Unavailable
 from turnout.telemetry.engine_metrics import EngineGauges, EngineMetrics, RequestTimeline
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -83,6 +85,14 @@ class _Flush:
     done: concurrent.futures.Future[bool]
 
 
+@dataclass(frozen=True)
+class _Call:
+    # Runs on the step-loop thread between steps (the only thread touching the scheduler and the
+    # adapter slots); `done` gets its result or its exception.
+    fn: Callable[[], object]
+    done: concurrent.futures.Future[object]
+
+
 def _retrieve(future: asyncio.Future[object]) -> None:
     """Marks the outcome of a compile its caller stopped waiting for as seen (no "never retrieved" log)."""
     if not future.cancelled():
@@ -106,7 +116,7 @@ class EngineLoop:
         self.metrics.watch(self.gauges)
         # Step-loop thread only: requests added to the scheduler and not scheduled yet.
         self._unscheduled: dict[str, RequestTimeline] = {}
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Flush | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Flush | _Call | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._load = engine.load()
@@ -152,6 +162,8 @@ class EngineLoop:
         keeps running meanwhile); a constraint that does not compile raises InvalidArgument here,
         before anything is scheduled."""
         self.engine.check_fits(request)
+        if request.lora_name is not None:
+            self.engine.resolve_lora(request.lora_name)  # refuse an unknown adapter before queueing
         constraint = request.sampling.constraint
         if constraint is not None and request.grammar is None:
             with self.engine.grammars.wanted(constraint) as compiling:
@@ -205,6 +217,12 @@ class EngineLoop:
         self._commands.put(_Flush(done))
         return await asyncio.wrap_future(done)
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """fn() on the step-loop thread between two steps (e.g. loading a LoRA adapter); its result or error."""
+        done: concurrent.futures.Future[object] = concurrent.futures.Future()
+        self._commands.put(_Call(fn, done))
+        return cast(T, await asyncio.wrap_future(done))
+
     def gauges(self) -> EngineGauges:
         """The state metrics report (read from any thread: plain numbers the step loop last wrote)."""
         load, cache = self._load, self.engine.block_manager.stats
@@ -214,6 +232,7 @@ class EngineLoop:
             kv_cache_usage=load.kv_tokens_used / load.kv_tokens_capacity if load.kv_tokens_capacity else 0.0,
             prefix_queried_tokens=cache.num_query_tokens,
             prefix_hit_tokens=cache.num_hit_tokens,
+            preemptions=self.engine.scheduler.num_preemptions,
         )
 
     def shutdown(self) -> None:
@@ -300,6 +319,11 @@ class EngineLoop:
                         self._unscheduled[command.request.request_id] = stream.timeline
             elif isinstance(command, _Flush):
                 command.done.set_result(self.engine.block_manager.reset_prefix_cache())
+            elif isinstance(command, _Call):
+                try:
+                    command.done.set_result(command.fn())
+                except Exception as exc:
+                    command.done.set_exception(exc)
             else:
                 self.engine.abort(command.request_id, indices=command.indices)
             self._load = self.engine.load()

@@ -8,10 +8,13 @@
 Sampling parameters are a dict with the SGLang/Turnout names (the fields of
 `turnout.v1.SamplingParams`), one for all prompts or one per prompt; constraints
 too: `{"json_schema": "...", "max_new_tokens": 64}`, `{"choice": {"values": ["yes", "no"]}}`.
+With `enable_lora=True, lora_modules=(("sql", path),)`, `lora_path` (SGLang's name) picks an
+adapter for all prompts or one per prompt (None: the base model); see docs/lora.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -74,6 +77,7 @@ class LLM:
         self,
         prompts: str | Sequence[str] | Sequence[Sequence[int]],
         sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        lora_path: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids) and return outputs in prompt order."""
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -86,13 +90,18 @@ class LLM:
         )
         if len(per_prompt) != len(batch):
             raise InvalidArgument(f"{len(per_prompt)} sampling_params for {len(batch)} prompts")
+        adapters = [lora_path] * len(batch) if lora_path is None or isinstance(lora_path, str) else list(lora_path)
+        if len(adapters) != len(batch):
+            raise InvalidArgument(f"{len(adapters)} lora_path entries for {len(batch)} prompts")
         # Validate every request before adding any, so a bad one leaves nothing behind in the engine.
         requests = [
-            self._request(cast("str | Sequence[int]", prompt), params)
-            for prompt, params in zip(batch, per_prompt, strict=True)
+            dataclasses.replace(self._request(cast("str | Sequence[int]", prompt), params), lora_name=adapter)
+            for prompt, params, adapter in zip(batch, per_prompt, adapters, strict=True)
         ]
         for request in requests:
             self.engine.check_fits(request)
+            if request.lora_name is not None:
+                self.engine.resolve_lora(request.lora_name)
         for request in requests:
             self.engine.add_request(request)
         return self._run(

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from services.engine.attention.backend import AttentionBackend
@@ -43,6 +44,8 @@ from services.engine.grammar.compiler import GrammarCompiler
 from services.engine.grammar.state import GrammarState
 from services.engine.kv_cache_sizing import GIB, size_kv_pool
 from services.engine.logprobs import LogprobQuery, prompt_logprobs
+from services.engine.lora.adapter import LoraAdapter, LoraError
+from services.engine.lora.manager import LoraManager
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, ModelRunner, StepLogits
 from services.engine.parallel.driver import DriverRunner
@@ -85,6 +88,18 @@ class LLMEngine:
         self.loaded = loaded or load_model(config, tp)
         # Whether sampling draws unseeded batches in the fused kernel (--sampling-backend).
         self.fused_draw = fused_draw_for(config.sampling_backend, self.loaded.device)
+        # The LoRA adapters (--enable-lora): their slots' weights are attached to the model's projections,
+        # before the KV pool is sized, so the memory they take is not handed to the pool too.
+        self.loras = (
+            LoraManager(
+                self.loaded.model,
+                max_loras=config.max_loras,
+                max_rank=config.max_lora_rank,
+                modules=config.lora_modules,
+            )
+            if config.enable_lora
+            else None
+        )
         pool = size_kv_pool(config, self.loaded, self._make_backend, tp=tp)
         if pool.max_model_len != self.loaded.max_model_len:
             self.loaded = self.loaded.with_max_model_len(pool.max_model_len)
@@ -95,6 +110,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_running_requests=config.max_running_requests,
             policy=cast(Policy, config.scheduling_policy),  # validated by EngineConfig
+            lora=self.loras,
         )
         backend = self._make_backend(blocks)
         log.info(
@@ -113,7 +129,9 @@ class LLMEngine:
         # Captured after the KV cache exists: the graphs record its addresses.
         graphs = build_decode_graphs(config, self.loaded, backend)
         if tp is None:
-            self.runner = ModelRunner(self.loaded.model, backend, config.block_size, self.loaded.device, graphs)
+            self.runner = ModelRunner(
+                self.loaded.model, backend, config.block_size, self.loaded.device, graphs, lora=self.loras
+            )
         else:
             self.channel = StepChannel(tp, self.loaded.dtype)
             self.runner = DriverRunner(self.loaded.model, backend, config.block_size, self.loaded.device)
@@ -177,7 +195,9 @@ class LLMEngine:
         if request.request_id in self._groups:
             raise InvalidArgument(f"request id {request.request_id!r} is already in use")
         self.check_fits(request)
+        adapter = self.resolve_lora(request.lora_name) if request.lora_name is not None else None
         group = SequenceGroup(request, priority=priority)
+        group.seqs[0].lora = adapter
         constraint = request.sampling.constraint
         if constraint is not None:
             compiled = request.grammar if request.grammar is not None else self.grammars.compile(constraint)
@@ -199,6 +219,40 @@ class LLMEngine:
                 # Also marked when the whole request ends: the scheduler leaves out aborted sequences.
                 seq.abort_message = message
         return True
+
+    # -- LoRA adapters ---------------------------------------------------------
+
+    def _lora_manager(self) -> LoraManager:
+        if self.loras is None:
+            raise InvalidArgument("LoRA adapters are not enabled on this engine (start it with --enable-lora)")
+        return self.loras
+
+    def resolve_lora(self, name: str) -> LoraAdapter:
+        """The loaded adapter a request names (by name, or the path it was loaded from)."""
+        try:
+            return self._lora_manager().resolve(name)
+        except LoraError as error:
+            raise InvalidArgument(str(error)) from None
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at `path` as `name` (/v1/load_lora_adapter); InvalidArgument naming why not."""
+        if name == self.config.model_name:
+            raise InvalidArgument(f"LoRA adapter name {name!r} is the base model's name")
+        try:
+            self._lora_manager().load(name, Path(path))
+        except LoraError as error:
+            raise InvalidArgument(str(error)) from None
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving `name`: new requests naming it are refused; requests already running it finish."""
+        try:
+            self._lora_manager().unload(name)
+        except LoraError as error:
+            raise InvalidArgument(str(error)) from None
+
+    def lora_adapters(self) -> list[tuple[str, str]]:
+        """(name, path) of every loaded adapter, in load order."""
+        return [(a.name, str(a.path)) for a in self.loras.adapters] if self.loras is not None else []
 
     def has_work(self) -> bool:
         return bool(self._groups)

@@ -14,6 +14,7 @@ from services.engine.config import (
     EngineConfig,
     add_limit_flags,
     kv_cache_memory_from_env,
+    parse_lora_module,
     request_limit_fields,
 )
 from turnout.security import ServiceSecurity, add_security_flags
@@ -22,6 +23,13 @@ from turnout.telemetry.service_setup import add_observability_flags, setup_obser
 # After a tensor-parallel rank is lost, how long the graceful stop may take before the process exits anyway
 # (a collective on NCCL can wait forever for the dead rank).
 LOST_RANK_EXIT_S = 30.0
+
+
+def _lora_module(text: str) -> tuple[str, Path]:
+    try:
+        return parse_lora_module(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -96,6 +104,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default="auto",
         help="torch.distributed backend of the ranks: auto (nccl on CUDA, gloo on CPU), gloo or nccl",
     )
+    lora = parser.add_argument_group("LoRA adapters (vLLM's flags; docs/lora.md)")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters of the model")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=_lora_module,
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters (PEFT folders) loaded at start, served as `model` NAME and SGLang `lora_path` NAME",
+    )
+    lora.add_argument(
+        "--max-loras", type=int, default=1, help="adapters on the device at once: the most one step can mix"
+    )
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="highest adapter rank accepted")
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
     sched.add_argument("--max-running-requests", type=int, default=256)
@@ -190,6 +212,10 @@ def run(args: argparse.Namespace) -> None:
             cuda_graph_max_seq_len=args.cuda_graph_max_seq_len,
             tensor_parallel_size=args.tensor_parallel_size,
             distributed_backend=args.distributed_backend,
+            enable_lora=args.enable_lora,
+            lora_modules=tuple(args.lora_modules),
+            max_loras=args.max_loras,
+            max_lora_rank=args.max_lora_rank,
             **{limit.name: getattr(args, limit.name) for limit in request_limit_fields()},
         )
     except ValueError as exc:
@@ -204,9 +230,10 @@ async def _serve(config: EngineConfig) -> None:
     from services.engine.service import EngineServicer
     from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
     from turnout.telemetry.engine_metrics import EngineMetrics
+    from turnout.telemetry.metrics_service import RegistryMetrics, metrics_spec
     from turnout.v1 import engine_pb2, engine_pb2_grpc
 
-    metrics = EngineMetrics()
+    metrics = EngineMetrics(model_name=config.model_name)
     try:
         # Built on the thread that steps it: one OpenMP team in the process (engine_loop.py).
         engine = await asyncio.wrap_future(
@@ -229,8 +256,10 @@ async def _serve(config: EngineConfig) -> None:
     endpoint = (
         None if config.metrics_port is None else MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
     )
+    # The router asks for the page over gRPC (Metrics.Scrape) for the gateway's /metrics.
+    specs = [spec, metrics_spec(RegistryMetrics(metrics.registry))]
     await serve(
-        config.address, [spec], service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
+        config.address, specs, service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
     )
     if ranks is not None and ranks.lost is not None:
         raise SystemExit(f"turnout engine: {ranks.lost}")

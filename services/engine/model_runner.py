@@ -19,6 +19,8 @@ from services.engine.attention.backend import AttentionBackend
 from services.engine.attention.context import ForwardContext
 from services.engine.block_manager import BlockManager
 from services.engine.cuda_graphs import DecodeGraphs
+from services.engine.lora.batch import LoraBatch
+from services.engine.lora.manager import LoraManager
 from services.engine.scheduler import ScheduledSequence
 from services.engine.sequence import Sequence
 
@@ -59,12 +61,14 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         graphs: DecodeGraphs | None = None,
+        lora: LoraManager | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
         self.block_size = block_size
         self.device = device
         self.graphs = graphs
+        self.lora = lora
 
     def build_batch(
         self,
@@ -82,11 +86,14 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
         prompt_rows: list[PromptLogprobRows] = []
+        token_slots: list[int] = []  # the LoRA slot of every token, -1: base model
         for item in scheduled:
             seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             end = start + count
             table = block_manager.block_table(seq.seq_id)
             input_ids += seq.token_ids[start:end]
+            if self.lora is not None:
+                token_slots += [self.lora.slot_of(seq.seq_id)] * count
             positions += range(start, end)
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             query_start.append(query_start[-1] + count)
@@ -120,6 +127,7 @@ class ModelRunner:
             block_tables=tensor(padded),
             query_lens_cpu=[item.num_new_tokens for item in scheduled],
             seq_lens_cpu=seq_lens,
+            lora=LoraBatch.of(token_slots, self.device),
         )
         ids = tensor(input_ids)  # (T,)
         if min(input_ids) < 0:
@@ -133,7 +141,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepLogits:
         """Logits for batch.sample_seqs, in that order, and the hidden states of prompt-logprob rows."""
-        if self.graphs is not None and not batch.prompt_rows and self.graphs.fits(batch.context):
+        # The graphs were captured without LoRA terms: a step with adapter tokens runs eagerly.
+        graphed = self.graphs is not None and not batch.prompt_rows and batch.context.lora is None
+        if graphed and self.graphs is not None and self.graphs.fits(batch.context):
             return self._run_graph(batch, self.graphs)
         hidden = self.model(batch.input_ids, batch.context.positions, batch.context)  # (T, hidden)
         prompt_hidden = None

@@ -17,6 +17,9 @@ class EngineRequest:
     # The compiled grammar (xgrammar.CompiledGrammar) of a request with a constraint, once compiled
     # off the step loop; LLMEngine.add_request compiles it itself when missing.
     grammar: Any = field(default=None, compare=False, repr=False)
+    # The LoRA adapter to run it with: a loaded adapter's name or the path it was loaded from
+    # (None: the base model).
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ no more K/V: it leaves the running queue and gives its blocks back before the
 step is planned, as if it had finished already, and a waiting one is not
 admitted. The engine finishes it (remove()).
 
+A sequence of a LoRA adapter also needs one of the --max-loras adapter slots to be admitted
+(lora/slots.py): when every slot is pinned by running sequences of other adapters it waits, and
+later waiting sequences may be admitted past it meanwhile.
+
 The scheduler knows nothing about gRPC or the model: it moves Sequences
 between queues and asks the BlockManager for blocks.
 """
@@ -26,11 +30,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from services.engine.block_manager import BlockManager
 from services.engine.block_pool import BlockKey
 from services.engine.sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from services.engine.lora.manager import LoraManager
 
 Policy = Literal["fcfs", "priority"]
 
@@ -60,8 +67,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_running_requests: int,
         policy: Policy = "fcfs",
+        lora: LoraManager | None = None,
     ) -> None:
         self.block_manager = block_manager
+        # Adapter slots: a sequence of an adapter holds one while running (lora/slots.py); one whose
+        # adapter gets no slot (all in use by other adapters) waits, and later ones may pass it.
+        self.lora = lora
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_running_requests = max_running_requests
         self.policy = policy
@@ -70,6 +81,8 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         # Running: in admission order; the last one is the first preemption victim under FCFS.
         self.running: list[Sequence] = []
+        # Sequences preempted since start (metrics; written by the step loop only).
+        self.num_preemptions = 0
 
     def _order(self, seq: Sequence) -> tuple[int, int]:
         return (seq.priority, seq.arrival) if self.policy == "priority" else (0, seq.arrival)
@@ -86,6 +99,10 @@ class Scheduler:
         sequence.
         """
         shared = self.block_manager.fork(parent.seq_id, child.seq_id, parent.num_prompt_tokens)
+        if child.lora is not None:
+            # The parent runs and pins the same adapter's slot, so this never waits.
+            acquired = self._acquire_lora(child)
+            assert acquired, "a fork's adapter is its running parent's"
         child.num_computed_tokens = shared
         child.status = Status.RUNNING
         self.running.append(child)
@@ -99,7 +116,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq.seq_id)
+        self._free(seq)
         seq.status = Status.FINISHED
 
     def schedule(self) -> SchedulerOutput:
@@ -136,13 +153,17 @@ class Scheduler:
                 continue
             # Prompt log-probabilities need every prompt position computed, so no prefix hit then.
             use_cache = seq.prompt_logprob_start is None
-            cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids) if use_cache else 0
+            salt = seq.cache_salt
+            cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids, salt) if use_cache else 0
             if use_cache and computing and self._next_block_is_computing(seq, cached, computing):
+                self.block_manager.free(seq.seq_id)
+                continue
+            if seq.lora is not None and not self._acquire_lora(seq):
                 self.block_manager.free(seq.seq_id)
                 continue
             num_new = min(seq.num_tokens - cached, budget)
             if not self.block_manager.allocate(seq.seq_id, cached + num_new):
-                self.block_manager.free(seq.seq_id)
+                self._free(seq)
                 break
             self.waiting.remove(seq)
             seq.num_computed_tokens = cached
@@ -162,7 +183,7 @@ class Scheduler:
         if seq.num_computed_tokens >= seq.num_prompt_tokens:
             return  # decoding: its blocks hold generated tokens, which no waiting prompt shares yet
         end = min(seq.num_computed_tokens + num_new, seq.num_prompt_tokens)
-        computing.update(self.block_manager.keys_of_new_blocks(seq.seq_id, seq.token_ids, end))
+        computing.update(self.block_manager.keys_of_new_blocks(seq.seq_id, seq.token_ids, end, seq.cache_salt))
 
     def _next_block_is_computing(self, seq: Sequence, cached: int, computing: set[BlockKey]) -> bool:
         """Whether the first block of seq past its `cached` tokens is among `computing` and one that
@@ -170,7 +191,7 @@ class Scheduler:
         bs = self.block_manager.block_size
         if cached + bs > (seq.num_tokens - 1) // bs * bs:
             return False
-        first = self.block_manager.keys_of_new_blocks(seq.seq_id, seq.token_ids, cached + bs)
+        first = self.block_manager.keys_of_new_blocks(seq.seq_id, seq.token_ids, cached + bs, seq.cache_salt)
         return bool(first) and first[0] in computing
 
     def commit(self, output: SchedulerOutput) -> None:
@@ -182,12 +203,12 @@ class Scheduler:
             if seq.is_finished:
                 continue
             seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens, seq.cache_salt)
 
     def _release_ending(self) -> None:
         for seq in [seq for seq in self.running if seq.is_ending]:
             self.running.remove(seq)
-            self.block_manager.free(seq.seq_id)
+            self._free(seq)
 
     def _preemption_victim(self) -> Sequence:
         if self.policy == "priority":
@@ -196,7 +217,18 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq.seq_id)
+        self._free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.add(seq)
+
+    def _acquire_lora(self, seq: Sequence) -> bool:
+        assert self.lora is not None and seq.lora is not None, "the engine refuses adapters without LoRA on"
+        return self.lora.acquire(seq.seq_id, seq.lora)
+
+    def _free(self, seq: Sequence) -> None:
+        """Give back everything a sequence holds: its blocks and its adapter slot."""
+        self.block_manager.free(seq.seq_id)
+        if self.lora is not None:
+            self.lora.release(seq.seq_id)

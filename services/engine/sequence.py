@@ -37,6 +37,7 @@ from services.engine.request import EngineRequest, Finish
 
 if TYPE_CHECKING:
     from services.engine.grammar.state import GrammarState
+    from services.engine.lora.adapter import LoraAdapter
 
 _arrival = itertools.count()
 
@@ -80,6 +81,9 @@ class Sequence:
     prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
     # The grammar matcher of a constrained request (one per sample); None: unconstrained.
     grammar: GrammarState | None = None
+    # The LoRA adapter the request resolved when it was added (None: the base model); kept for the
+    # request's whole life, even if the adapter is unloaded meanwhile (lora/manager.py).
+    lora: LoraAdapter | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -102,7 +106,13 @@ class Sequence:
             index=index,
             num_cached_tokens=self.num_cached_tokens,
             grammar=self.grammar.fresh() if self.grammar is not None else None,
+            lora=self.lora,
         )
+
+    @property
+    def cache_salt(self) -> int | None:
+        """What besides its tokens its K/V depend on, for the prefix cache: its adapter (BlockKey.salt)."""
+        return self.lora.uid if self.lora is not None else None
 
     @property
     def prompt_logprob_start(self) -> int | None:

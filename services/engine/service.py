@@ -58,7 +58,28 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def GetModelInfo(
         self, request: engine_pb2.GetModelInfoRequest, context: aio.ServicerContext
     ) -> common_pb2.ModelInfo:
-        return self._loaded.info
+        info = common_pb2.ModelInfo()
+        info.CopyFrom(self._loaded.info)
+        info.lora_enabled = self._config.enable_lora
+        for name, path in self._engine.engine.lora_adapters():
+            info.lora_adapters.add(name=name, path=path)
+        return info
+
+    async def LoadLoraAdapter(
+        self, request: engine_pb2.LoadLoraAdapterRequest, context: aio.ServicerContext
+    ) -> engine_pb2.LoadLoraAdapterResponse:
+        engine = self._engine.engine
+        await self._engine.call(lambda: engine.load_lora(request.lora_name, request.lora_path))
+        log.info("lora adapter loaded", extra={"lora_name": request.lora_name, "lora_path": request.lora_path})
+        return engine_pb2.LoadLoraAdapterResponse()
+
+    async def UnloadLoraAdapter(
+        self, request: engine_pb2.UnloadLoraAdapterRequest, context: aio.ServicerContext
+    ) -> engine_pb2.UnloadLoraAdapterResponse:
+        engine = self._engine.engine
+        await self._engine.call(lambda: engine.unload_lora(request.lora_name))
+        log.info("lora adapter unloaded", extra={"lora_name": request.lora_name})
+        return engine_pb2.UnloadLoraAdapterResponse()
 
     async def GetLoad(self, request: engine_pb2.GetLoadRequest, context: aio.ServicerContext) -> engine_pb2.Load:
         return load_to_proto(self._engine.load())

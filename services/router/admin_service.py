@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 
 from grpc import aio
 
@@ -10,11 +12,14 @@ from services.router.circuit_breaker import Circuit
 from services.router.engine_discovery import EngineDiscovery
 from services.router.engine_pool import EngineClient, EnginePool
 from services.router.health_checker import Health
+from turnout.errors import Unavailable
 from turnout.grpc_auth import forwarded
 from turnout.v1 import engine_pb2, router_admin_pb2, router_admin_pb2_grpc
 
 # A flush is one quick command on each engine's step loop; past this the engine is reported as not flushed.
 FLUSH_TIMEOUT_S = 10.0
+# Loading an adapter reads its weights on the engine's step loop: seconds for large ones.
+LORA_TIMEOUT_S = 60.0
 
 _HEALTH = {
     Health.STARTING: router_admin_pb2.EngineStatus.HEALTH_STARTING,
@@ -83,6 +88,46 @@ class RouterAdminServicer(router_admin_pb2_grpc.RouterAdminServicer):
         caller = forwarded(context)
         results = await asyncio.gather(*(self._flush(engine, caller) for engine in engines))
         return router_admin_pb2.FlushAllCachesResponse(engines=results)
+
+    async def LoadLoraAdapter(
+        self, request: engine_pb2.LoadLoraAdapterRequest, context: aio.ServicerContext
+    ) -> engine_pb2.LoadLoraAdapterResponse:
+        await self._on_every_engine(
+            context,
+            lambda engine, caller: engine.stub.LoadLoraAdapter(request, timeout=LORA_TIMEOUT_S, metadata=caller),
+        )
+        return engine_pb2.LoadLoraAdapterResponse()
+
+    async def UnloadLoraAdapter(
+        self, request: engine_pb2.UnloadLoraAdapterRequest, context: aio.ServicerContext
+    ) -> engine_pb2.UnloadLoraAdapterResponse:
+        await self._on_every_engine(
+            context,
+            lambda engine, caller: engine.stub.UnloadLoraAdapter(request, timeout=LORA_TIMEOUT_S, metadata=caller),
+        )
+        return engine_pb2.UnloadLoraAdapterResponse()
+
+    async def _on_every_engine(
+        self,
+        context: aio.ServicerContext,
+        call: Callable[[EngineClient, tuple[tuple[str, str], ...]], Awaitable[object]],
+    ) -> None:
+        """call() on every known engine at once, as the caller (each engine checks the admin key itself);
+        then each engine's model info is read again (its adapters changed). The first refusal becomes
+        this call's error, naming the engine; engines where it worked keep the change."""
+        engines = list(self._pool.engines)
+        if not engines:
+            raise Unavailable("no engine is known")
+        caller = forwarded(context)
+        results = await asyncio.gather(*(call(engine, caller) for engine in engines), return_exceptions=True)
+        for engine in engines:
+            with contextlib.suppress(aio.AioRpcError):
+                engine.model = await engine.stub.GetModelInfo(engine_pb2.GetModelInfoRequest(), timeout=LORA_TIMEOUT_S)
+        for engine, result in zip(engines, results, strict=True):
+            if isinstance(result, aio.AioRpcError):
+                await context.abort(result.code(), f"engine {engine.address}: {result.details()}")
+            if isinstance(result, BaseException):
+                raise result
 
     async def _flush(
         self, engine: EngineClient, caller: tuple[tuple[str, str], ...]

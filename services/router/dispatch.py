@@ -32,6 +32,7 @@ from grpc import aio
 from opentelemetry import trace
 
 from services.router.engine_pool import EngineClient, EnginePool
+from services.router.policies import routing_key
 from turnout.errors import ResourceExhausted, Unavailable
 from turnout.v1 import common_pb2, engine_pb2
 
@@ -133,14 +134,14 @@ class EngineStream:
                     trace.get_current_span().add_event("retry", {"engine": engine.address, "error": errors[-1]})
 
     def _pick(self, tried: set[str], errors: list[str]) -> EngineClient:
-        candidates = self._pool.routable(self._model)
+        candidates = self._pool.routable(self._model, self._request.lora_name)
         if not candidates:
             self._pool.rejections["no_engine"] += 1
             why = f" (tried: {'; '.join(errors)})" if errors else ""
             raise Unavailable(f"no healthy engine is serving {self._model!r}{why}")
         # Prefer engines not tried yet; with none left, try one again after the backoff.
         fresh = [e for e in candidates if e.address not in tried] or candidates
-        route = self._pool.policy.pick(fresh, self._request.input_ids)
+        route = self._pool.policy.pick(fresh, routing_key(self._request.input_ids, self._request.lora_name))
         self._pool.decisions[route.reason] += 1
         trace.get_current_span().add_event(
             "routed",

@@ -136,16 +136,45 @@ class EnginePool:
     async def close(self) -> None:
         await asyncio.gather(*(e.channel.close() for e in self.engines))
 
-    def routable(self, model_name: str) -> list[EngineClient]:
-        return [e for e in self.engines if e.routable and e.model is not None and e.model.name == model_name]
+    def routable(self, model_name: str, lora_name: str = "") -> list[EngineClient]:
+        """Engines that can take a request for the model, and for its LoRA adapter when it names one:
+        those that have the adapter loaded, or, when none has, every engine of the model (each
+        then refuses it with its own clear error)."""
+        engines = [e for e in self.engines if e.routable and e.model is not None and e.model.name == model_name]
+        if lora_name:
+            having = [e for e in engines if e.model is not None and has_adapter(e.model, lora_name)]
+            return having or engines
+        return engines
 
     def models(self) -> list[common_pb2.ModelInfo]:
-        """One ModelInfo per model that a healthy engine serves, in engine order."""
+        """One ModelInfo per model that a healthy engine serves, in engine order, each followed by its
+        LoRA adapters (ModelInfo.parent: the model's name)."""
         seen: dict[str, common_pb2.ModelInfo] = {}
+        adapters: dict[str, common_pb2.ModelInfo] = {}
         for engine in self.engines:
             if engine.model is not None and engine.health.status is Health.HEALTHY:
                 seen.setdefault(engine.model.name, engine.model)
-        return list(seen.values())
+                for adapter in engine.model.lora_adapters:
+                    entry = common_pb2.ModelInfo()
+                    entry.CopyFrom(engine.model)
+                    del entry.lora_adapters[:]
+                    entry.name, entry.path, entry.parent = adapter.name, adapter.path, engine.model.name
+                    adapters.setdefault(adapter.name, entry)
+        listed: list[common_pb2.ModelInfo] = []
+        for name, info in seen.items():
+            listed += [info, *(entry for entry in adapters.values() if entry.parent == name)]
+        return listed
+
+    def resolve_model(self, name: str) -> tuple[common_pb2.ModelInfo, str]:
+        """(the model, the LoRA adapter) a request's `model` names: a served model and no adapter, or a
+        loaded adapter's name and the model it adapts (vLLM: `model` may name an adapter)."""
+        try:
+            return self.model_info(name), ""
+        except NotFound:
+            for engine in sorted(self.engines, key=lambda e: e.health.status is not Health.HEALTHY):
+                if engine.model is not None and any(a.name == name for a in engine.model.lora_adapters):
+                    return engine.model, name
+            raise
 
     def model_info(self, name: str) -> common_pb2.ModelInfo:
         """The named model (the default one when the name is empty); NotFound or Unavailable otherwise.
@@ -163,4 +192,11 @@ class EnginePool:
             return next(iter(known.values()))
         if name in known:
             return known[name]
-        raise NotFound(f"model {name!r} does not exist; served models: {', '.join(known)}")
+        adapters = sorted({a.name for e in self.engines if e.model is not None for a in e.model.lora_adapters})
+        also = f"; LoRA adapters: {', '.join(adapters)}" if adapters else ""
+        raise NotFound(f"model {name!r} does not exist; served models: {', '.join(known)}{also}")
+
+
+def has_adapter(model: common_pb2.ModelInfo, lora_name: str) -> bool:
+    """Whether the engine's model info lists the adapter, by name or by the path it was loaded from."""
+    return any(lora_name in (adapter.name, adapter.path) for adapter in model.lora_adapters)

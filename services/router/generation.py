@@ -86,7 +86,9 @@ async def _generate_once(
     request_id = request.request_id or uuid.uuid4().hex
     engine_request_id = f"{request_id}-{uuid.uuid4().hex[:12]}" if request.request_id else request_id
     set_request_id(request_id)
-    model = engines.model_info(request.model)
+    # `model` may name a LoRA adapter (vLLM); `lora_name` (SGLang lora_path) names one explicitly.
+    model, lora_name = engines.resolve_model(request.model)
+    lora_name = request.lora_name or lora_name
     # Checked before any tokenizer or engine work: a bad tool request costs nothing.
     params = constrain_for_tools(request, request.sampling_params)
     prompt = await encode_prompt(request, tokenizer)
@@ -105,6 +107,7 @@ async def _generate_once(
         input_ids=input_ids,
         sampling_params=params,
         logprob_options=options,
+        lora_name=lora_name,
     )
     if request.HasField("priority"):
         engine_request.priority = request.priority
@@ -160,6 +163,7 @@ def _detokenize_start(
         no_stop_trim=params.no_stop_trim,
         separate_reasoning=request.separate_reasoning,
         thinking_open=prompt.thinking_open,
+        thinking_off=prompt.thinking_off,
         tool_calling=request.tool_calling,
     )
     for flag in ("skip_special_tokens", "spaces_between_special_tokens"):

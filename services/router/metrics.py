@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -40,7 +39,6 @@ from services.router.engine_pool import EngineClient, EnginePool
 from services.router.health_checker import Health
 from turnout.errors import status_of
 from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
-from turnout.telemetry.metrics_http import serve_metrics as serve_registry
 from turnout.v1 import inference_pb2
 
 PREFIX = "turnout_router"
@@ -134,8 +132,3 @@ def make_registry(pool: EnginePool, registry: CollectorRegistry | None = None) -
     registry = registry or CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(pool))
     return registry
-
-
-def serve_metrics(pool: EnginePool, host: str, port: int, requests: RequestMetrics | None = None) -> WSGIServer:
-    """Serve /metrics over HTTP on a background thread (prometheus_client's own server); shut it down when done."""
-    return serve_registry(make_registry(pool, requests.registry if requests else None), host, port)

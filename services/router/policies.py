@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,6 +153,15 @@ class CacheAware(Policy):
     def remembered_tokens(self, address: str) -> int:
         tree = self._trees.get(address)
         return tree.size if tree is not None else 0
+
+
+def routing_key(input_ids: Sequence[int], lora_name: str) -> list[int]:
+    """What a policy sees of a prompt: its token ids, led for a LoRA adapter's request by a marker of
+    the adapter (a negative id no real token has), so the same prompt under another adapter, or the
+    base model, shares no prefix with it: an adapter's K/V differ, and the engines cache them apart."""
+    if not lora_name:
+        return list(input_ids)
+    return [-1 - zlib.crc32(lora_name.encode()), *input_ids]
 
 
 def make_policy(config: RouterConfig) -> Policy:

@@ -21,11 +21,13 @@ class Prompt:
     ids: list[int]
     # The rendered chat template left a thinking block open: the output starts inside it.
     thinking_open: bool = False
+    # The request switched thinking off (chat_template_kwargs): the output is all answer.
+    thinking_off: bool = False
 
 
 async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizer: tokenizer_pb2_grpc.TokenizerStub) -> Prompt:
     which = request.WhichOneof("input")
-    thinking_open = False
+    thinking_open = thinking_off = False
     if which == "input_ids":
         if not request.input_ids.ids:
             raise InvalidArgument("input_ids must not be empty")
@@ -43,7 +45,7 @@ async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizer: token
         else:
             raise InvalidArgument("a generate request needs `text`, `input_ids` or `chat`")
         reply = await tokenizer.Encode(encode)
-        ids, thinking_open = list(reply.input_ids), reply.thinking_open
+        ids, thinking_open, thinking_off = list(reply.input_ids), reply.thinking_open, reply.thinking_off
         if not ids:
             raise InvalidArgument("the prompt encodes to no tokens")
     params = request.sampling_params
@@ -52,7 +54,7 @@ async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizer: token
         if keep < 1:
             raise InvalidArgument(f"truncate_prompt_tokens must be at least 1, got {keep}")
         ids = ids[-keep:]
-    return Prompt(ids, thinking_open)
+    return Prompt(ids, thinking_open, thinking_off)
 
 
 async def encode_sampling_strings(

@@ -19,10 +19,13 @@ from services.router.engine_discovery import EngineDiscovery, Resolver, resolve_
 from services.router.engine_pool import EnginePool
 from services.router.health_checker import HealthChecker
 from services.router.load_poller import LoadPoller
-from services.router.metrics import RequestMetrics
+from services.router.metrics import RequestMetrics, make_registry
 from services.router.service import InferenceServicer
+from services.router.stack_metrics import StackMetrics
 from services.router.tokenizer_pool import TokenizerPool
 from turnout.grpc_server import ServiceSpec
+from turnout.telemetry.metrics_http import serve_metrics
+from turnout.telemetry.metrics_service import metrics_spec
 from turnout.v1 import inference_pb2, inference_pb2_grpc, router_admin_pb2, router_admin_pb2_grpc
 
 
@@ -36,6 +39,8 @@ class RouterRuntime:
         self.load = LoadPoller(self.engines, config.load_poll_interval_s, config.health_check_timeout_s)
         self._metrics_server: WSGIServer | None = None
         self.request_metrics = RequestMetrics()
+        # The router's own series: what --metrics-port serves, and the first part of Metrics.Scrape.
+        self.registry = make_registry(self.engines, self.request_metrics.registry)
 
     async def start(self) -> None:
         for target in self.config.engines:
@@ -44,16 +49,14 @@ class RouterRuntime:
         self.health.start()
         self.load.start()
         if self.config.metrics_port is not None:
-            from services.router.metrics import serve_metrics
-
-            self._metrics_server = serve_metrics(
-                self.engines, self.config.host, self.config.metrics_port, self.request_metrics
-            )
+            self._metrics_server = serve_metrics(self.registry, self.config.host, self.config.metrics_port)
 
     def services(self) -> list[ServiceSpec]:
         inference = InferenceServicer(self.engines, self.tokenizers, self.request_metrics)
         admin = RouterAdminServicer(self.engines, self.discovery)
+        stack = StackMetrics(self.registry, self.engines, self.tokenizers)
         return [
+            metrics_spec(stack),
             ServiceSpec(
                 name=inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
                 add=lambda server: inference_pb2_grpc.add_InferenceServicer_to_server(inference, server),

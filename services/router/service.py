@@ -29,7 +29,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def Tokenize(
         self, request: inference_pb2.TokenizeRequest, context: aio.ServicerContext
     ) -> inference_pb2.TokenizeResponse:
-        model = self._engines.model_info(request.model)
+        model, _ = self._engines.resolve_model(request.model)  # an adapter tokenizes as its base model
         which = request.WhichOneof("input")
         if which == "text":
             encode = tokenizer_pb2.EncodeRequest(text=request.text)
@@ -60,7 +60,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def Detokenize(
         self, request: inference_pb2.DetokenizeTextRequest, context: aio.ServicerContext
     ) -> inference_pb2.DetokenizeTextResponse:
-        self._engines.model_info(request.model)
+        self._engines.resolve_model(request.model)
         decode = tokenizer_pb2.DecodeRequest(token_ids=request.token_ids)
         if request.HasField("skip_special_tokens"):
             decode.skip_special_tokens = request.skip_special_tokens

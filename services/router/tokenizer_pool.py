@@ -54,6 +54,10 @@ class TokenizerPool:
             )
         return self._stubs[index]
 
+    def channels(self) -> list[tuple[str, aio.Channel]]:
+        """Each configured address with its channel (for scraping the tokenizers' metrics)."""
+        return list(zip(self._addresses, self._channels, strict=True))
+
     def lost(self, exc: aio.AioRpcError) -> Unavailable:
         """The error a caller sees when a tokenizer went away during its request."""
         log.warning("tokenizer call failed", extra={"error": f"{exc.code().name}: {exc.details()}"})

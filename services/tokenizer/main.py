@@ -66,6 +66,7 @@ async def _serve(config: TokenizerConfig) -> None:
     from services.tokenizer.service import TokenizerServicer
     from services.tokenizer.text_tokenizer import TextTokenizer
     from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
+    from turnout.telemetry.metrics_service import RegistryMetrics, metrics_spec
     from turnout.telemetry.rpc_metrics import RpcMetrics
     from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -87,7 +88,7 @@ async def _serve(config: TokenizerConfig) -> None:
     try:
         await serve(
             config.address,
-            [spec],
+            [spec, metrics_spec(RegistryMetrics(metrics.registry))],
             service="tokenizer",
             interceptors=[metrics],
             metrics=endpoint,

@@ -3,7 +3,8 @@
     final text (stop strings matched) -> reasoning parser -> answer text -> tool-call parser -> text + calls
 
 Each stage is on only when asked for: reasoning when the stream sets
-`separate_reasoning` and the server has a reasoning parser; tool calls by
+`separate_reasoning`, the server has a reasoning parser and the request did not
+switch thinking off (`thinking_off`, from its chat_template_kwargs); tool calls by
 `tool_calling.mode` (AUTO: the server's tool-call parser, refused when it has
 none; REQUIRED / NAMED: the JSON form the router constrained the engine to).
 Reasoning tokens are counted on each token's own text, not on the final text,
@@ -46,7 +47,7 @@ class OutputParser:
         """InvalidArgument for a stream that asks for what this server cannot do."""
         self._reasoning: ReasoningParser | None = None
         self._counter: ReasoningTokenCounter | None = None
-        if start.separate_reasoning and reasoning_parser is not None:
+        if start.separate_reasoning and reasoning_parser is not None and not start.thinking_off:
             self._reasoning = reasoning_parser(thinking_open=start.thinking_open)
             self._counter = ReasoningTokenCounter(reasoning_parser(thinking_open=start.thinking_open))
         self._tools = _tool_parser(start.tool_calling, tool_parser)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from grpc import aio
 from opentelemetry import trace
@@ -65,6 +66,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     ) -> tokenizer_pb2.EncodeResponse:
         which = request.WhichOneof("input")
         thinking_open = False
+        template_options: Mapping[str, Any] = {}
         if which == "text":
             add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
             text = request.text
@@ -72,6 +74,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         elif which == "chat":
             messages = [message_to_dict(m) for m in request.chat.messages]
             options = template_kwargs(request.chat.options)
+            template_options = options.get("template_kwargs") or {}
             text = await self._chat.render(messages, **options, max_chars=self._limits.max_prompt_bytes)
             size = self._check_prompt_bytes(text, "the rendered chat")
             # The template already placed the special tokens it wants.
@@ -84,7 +87,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         encode = functools.partial(self._tokenizer.encode, text, add_special_tokens=add_special)
         ids = await self._lanes.run(size, encode)
         trace.get_current_span().set_attribute("turnout.prompt_tokens", len(ids))
-        return tokenizer_pb2.EncodeResponse(input_ids=ids, prompt_text=text, thinking_open=thinking_open)
+        # A prompt without chat_template_kwargs thinks as the model does by default.
+        thinking_off = self._reasoning_parser is not None and not self._reasoning_parser.thinks(template_options)
+        return tokenizer_pb2.EncodeResponse(
+            input_ids=ids, prompt_text=text, thinking_open=thinking_open, thinking_off=thinking_off
+        )
 
     async def Decode(
         self, request: tokenizer_pb2.DecodeRequest, context: aio.ServicerContext

@@ -177,6 +177,7 @@ def test_thinking_budget_is_exact_then_the_model_answers(thinking_stack: Stack, 
         assert ids[budget] == newline
     assert think_end not in ids[:budget]
     assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] == end + 1
+    assert reply["usage"]["reasoning_tokens"] == end + 1  # where SGLang clients read it
     assert choice["message"]["content"], "the model answers after the forced close"
 
 
@@ -218,6 +219,13 @@ def test_separate_reasoning_off_keeps_the_block_in_content(thinking_stack: Stack
     reply = _thinking_reply(thinking_stack, 3, separate_reasoning=False)
     message = reply["choices"][0]["message"]
     assert "reasoning_content" not in message and "</think>" in message["content"]
+
+
+def test_enable_thinking_false_switches_the_qwen3_parser_off(thinking_stack: Stack) -> None:
+    reply = _thinking_reply(thinking_stack, 3, chat_template_kwargs={"enable_thinking": False})
+    message = reply["choices"][0]["message"]
+    assert not message.get("reasoning_content") and "</think>" in message["content"]
+    assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
 
 
 class OnlyToken(CustomLogitProcessor):

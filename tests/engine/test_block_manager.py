@@ -347,3 +347,21 @@ def test_random_interleaving_keeps_every_invariant(
         bm.free(seq)
     bm.check_integrity()
     assert bm.usage == 0 and bm.num_free_blocks == 24
+
+
+@pytest.mark.parametrize("hashes", ["real", "colliding"])
+def test_a_salt_keeps_the_same_tokens_apart(bm: BlockManager, hashes: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LoRA adapter's K/V differ from the base model's for the same tokens: the sequence's salt (its
+    adapter) is part of every block key, so only the same salt hits (also when every hash collides)."""
+    if hashes == "colliding":
+        monkeypatch.setattr(block_pool, "_hash_block", lambda parent_hash, tokens: 7)
+    tokens = list(range(9))  # two full blocks of 4, one token left to compute
+    assert bm.allocate("a", 9)
+    bm.cache_full_blocks("a", tokens, 8, salt=1)
+    assert bm.match_prefix("base", tokens) == 0
+    assert bm.match_prefix("other", tokens, salt=2) == 0
+    assert bm.match_prefix("same", tokens, salt=1) == 8
+    assert bm.block_table("same") == bm.block_table("a")[:2]
+    assert bm.keys_of_new_blocks("base", tokens, 8) != bm.keys_of_new_blocks("other", tokens, 8, salt=2)
+    for seq in ("a", "base", "other", "same"):
+        bm.free(seq)

@@ -1,6 +1,7 @@
-"""The C++ CPU decode kernel against the torch backend (the reference) on the same paged cache:
-ragged lengths, blocks in scattered order, GQA, stale NaN in unused slots, float32 and bfloat16,
-decode-only and mixed batches, head shapes of its register path and of its general loop."""
+"""The C++ CPU attention kernels (paged_decode, paged_prefill) against the torch backend (the
+reference) on the same paged cache: ragged lengths, blocks in scattered order, GQA, stale NaN in
+unused slots, float32 and bfloat16, decode-only and mixed batches, head shapes of their register
+paths and of their general loops."""
 
 from __future__ import annotations
 
@@ -67,8 +68,9 @@ def scattered_tables(seq_lens: list[int], num_blocks: int, seed: int) -> list[li
         ([1] * 5, [1, 17, 16, 300, 33]),
         ([1, 7, 1, 40, 1], [9, 7, 129, 64, 250]),  # mixed: prefill chunks among decodes
         ([64, 3], [64, 200]),  # prefill only: a whole prompt, and a chunk over a cached prefix
+        ([100, 1, 37], [612, 301, 37]),  # paged_prefill's tiles: many key chunks, ragged last tiles
     ],
-    ids=["one-token", "decode-ragged", "mixed", "prefill"],
+    ids=["one-token", "decode-ragged", "mixed", "prefill", "prefill-long"],
 )
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim"),

@@ -113,6 +113,7 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later(harness_facto
     assert [s.request.request_id for s in out.preempted] == ["new"]
     assert plan(out) == [("old", 1)]
     assert new.status is Status.WAITING and new.num_computed_tokens == 0 and new.num_preemptions == 1
+    assert h.scheduler.num_preemptions == 1  # what turnout_engine_preemptions_total reports
     assert h.scheduler.waiting == [new]
     h.scheduler.remove(old)
     out = h.step()

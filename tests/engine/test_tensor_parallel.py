@@ -168,6 +168,8 @@ def test_flags_and_their_checks(tiny_model_dir: Path) -> None:
         EngineConfig(model=tiny_model_dir, tensor_parallel_size=0)
     with pytest.raises(ValueError, match="--distributed-backend must be one of auto, gloo, nccl"):
         EngineConfig(model=tiny_model_dir, distributed_backend="mpi")
+    with pytest.raises(ValueError, match="--enable-lora cannot be combined with --tensor-parallel-size"):
+        EngineConfig(model=tiny_model_dir, tensor_parallel_size=2, enable_lora=True)
 
 
 @pytest.mark.default_model

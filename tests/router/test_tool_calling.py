@@ -108,6 +108,23 @@ async def test_a_template_that_opens_the_thinking_block_is_followed(
     assert finish_of(responses)[0].stop.stop_str == " The end"
 
 
+async def test_enable_thinking_false_switches_the_qwen3_parser_off(
+    cluster: Cluster, text_tokenizer: TextTokenizer
+) -> None:
+    output = "<think>\nLet me add.\n</think>\n\nIt is 4."
+    request = chat_request(separate_reasoning=True)
+    request.chat.options.chat_template_kwargs.update({"enable_thinking": False})
+    script(cluster, text_tokenizer, output)
+    responses = await generate(cluster, request)
+    assert text_of(responses) == output  # as vLLM and SGLang: that request's output is all answer
+    assert not any(c.reasoning_text for c in chunks(responses)) and chunks(responses)[-1].reasoning_tokens == 0
+
+    request.chat.options.chat_template_kwargs.update({"enable_thinking": True})
+    script(cluster, text_tokenizer, output)
+    responses = await generate(cluster, request)
+    assert "".join(c.reasoning_text for c in chunks(responses)) == "Let me add." and text_of(responses) == "It is 4."
+
+
 async def test_auto_tool_calls_per_sample(cluster: Cluster, text_tokenizer: TextTokenizer) -> None:
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     script(cluster, text_tokenizer, "Checking.\n" + call, "No tools needed.")

@@ -27,6 +27,7 @@ from services.tokenizer.service import TokenizerServicer
 from services.tokenizer.text_tokenizer import TextTokenizer
 from turnout.grpc_server import make_server
 from turnout.telemetry.engine_metrics import EngineMetrics
+from turnout.telemetry.metrics_service import RegistryMetrics, metrics_spec
 from turnout.telemetry.rpc_metrics import RpcMetrics
 from turnout.v1 import engine_pb2_grpc, tokenizer_pb2_grpc
 
@@ -52,17 +53,19 @@ async def _start(server: aio.Server) -> str:
 
 @contextlib.asynccontextmanager
 async def in_process_stack(model_dir: Path, loaded: LoadedModel) -> AsyncIterator[InProcessStack]:
-    engine_metrics = EngineMetrics()
+    engine_metrics = EngineMetrics(model_name=model_dir.name)
     engine = EngineLoop(LLMEngine(EngineConfig(model=model_dir, num_kv_blocks=128), loaded), metrics=engine_metrics)
     engine_server = make_server("engine")
     servicer = EngineServicer(loaded, engine, engine.engine.config)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, engine_server)
+    metrics_spec(RegistryMetrics(engine_metrics.registry)).add(engine_server)
     engine_address = await _start(engine_server)
 
     tokenizer_metrics = RpcMetrics("tokenizer")
     tokenizer_server = make_server("tokenizer", [tokenizer_metrics])
     tokenizer_servicer = TokenizerServicer(TextTokenizer(model_dir))
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(tokenizer_servicer, tokenizer_server)
+    metrics_spec(RegistryMetrics(tokenizer_metrics.registry)).add(tokenizer_server)
     tokenizer_address = await _start(tokenizer_server)
 
     config = RouterConfig(

@@ -8,6 +8,8 @@ import pytest
 
 from services.tokenizer import main as tokenizer_main
 from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.reasoning import reasoning_parser_class
+from services.tokenizer.tool_parsers import tool_parser_class
 from turnout import launcher
 
 
@@ -40,3 +42,19 @@ def test_config_checks_the_names(default_model_dir: Path) -> None:
         TokenizerConfig(model=default_model_dir, reasoning_parser="r2")
     with pytest.raises(ValueError, match="unknown tool-call parser 'x'"):
         TokenizerConfig(model=default_model_dir, tool_call_parser="x")
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "tool"),
+    [("deepseek_r1", "deepseekv3"), ("deepseek-v3", "qwen3_xml"), ("qwen3-thinking", "llama4_pythonic")],
+)
+def test_the_peers_spellings_are_accepted_from_serve_to_the_config(
+    monkeypatch: pytest.MonkeyPatch, default_model_dir: Path, reasoning: str, tool: str
+) -> None:
+    argv = tokenizer_argv(monkeypatch, ["--reasoning-parser", reasoning, "--tool-call-parser", tool])
+    args = tokenizer_main.build_parser().parse_args(argv[argv.index("tokenizer") + 1 :])
+    # The flags may pass the name on as given or in its canonical spelling: either names the same parser.
+    assert reasoning_parser_class(args.reasoning_parser) is reasoning_parser_class(reasoning)
+    assert tool_parser_class(args.tool_call_parser) is tool_parser_class(tool)
+    config = TokenizerConfig(model=default_model_dir, reasoning_parser=reasoning, tool_call_parser=tool)
+    assert (config.reasoning_parser, config.tool_call_parser) == (reasoning, tool)

@@ -204,6 +204,23 @@ async def test_encode_reports_a_thinking_block_the_template_left_open(
     assert not text.thinking_open  # plain text is no rendered template
 
 
+async def test_encode_reports_a_request_that_switched_thinking_off(
+    stub: tokenizer_pb2_grpc.TokenizerStub, bare_stub: tokenizer_pb2_grpc.TokenizerStub, text_tokenizer: TextTokenizer
+) -> None:
+    user = common_pb2.ChatMessage(role="user", content="2+2?")
+    off = await stub.Encode(chat(user, chat_template_kwargs=kwargs(enable_thinking=False)))
+    assert off.thinking_off  # the qwen3 parser reads enable_thinking
+    assert not (await stub.Encode(chat(user, chat_template_kwargs=kwargs(enable_thinking=True)))).thinking_off
+    assert not (await stub.Encode(chat(user))).thinking_off
+    # Without a reasoning parser there is nothing to switch off.
+    assert not (await bare_stub.Encode(chat(user, chat_template_kwargs=kwargs(enable_thinking=False)))).thinking_off
+
+    ids = text_tokenizer.encode(THOUGHT, add_special_tokens=False)
+    start = tokenizer_pb2.DetokenizeStart(separate_reasoning=True, thinking_off=True)
+    responses = await detokenize(stub, start, ids)
+    assert joined(responses) == ("", THOUGHT) and responses[-1].reasoning_tokens == 0
+
+
 def tool_conversation() -> list[common_pb2.ChatMessage]:
     return [
         common_pb2.ChatMessage(role="user", content="Weather in Paris?"),

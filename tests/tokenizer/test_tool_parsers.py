@@ -110,6 +110,7 @@ MISTRAL = [
     ),
     ('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"nam', ', {"nam', [("f", '{"a": 1}')]),
     ("[TOOL_CALLS] not json", "[TOOL_CALLS] not json", []),
+    ('[TOOL_CALLS] oops [TOOL_CALLS][{"name": "f", "arguments": {}}]', "[TOOL_CALLS] oops ", [("f", "{}")]),
     ('[TOOL_CALLS]{"name": "f", "arguments": {}}', "", [("f", "{}")]),  # one object without the list
 ]
 

@@ -18,6 +18,9 @@ the event loop, so every write happened before). Gauges are read at scrape time.
 | `turnout_engine_kv_cache_usage_ratio` | | share of KV blocks in use, 0..1 |
 | `turnout_engine_prefix_cache_queried_tokens_total`, `..._hit_tokens_total` | | prompt tokens looked up in |
 | | | the prefix cache, and found there: hit rate = rate(hit) / rate(queried) |
+| `turnout_engine_preemptions_total` | | running sequences preempted (blocks freed, recomputed later) |
+
+Each of these is also on the page under vLLM's name with a `model_name` label (vllm_names.py).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from turnout.telemetry.vllm_names import vllm_families
 
 NS = 1e-9
 
@@ -62,32 +67,48 @@ class EngineGauges:
     kv_cache_usage: float
     prefix_queried_tokens: int
     prefix_hit_tokens: int
+    preemptions: int
 
 
 class EngineMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, model_name: str = "") -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
         p = "turnout_engine"
-        self.requests = Counter(f"{p}_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens prefilled", registry=r)
-        self.generation_tokens = Counter(f"{p}_generation_tokens", "Tokens generated", registry=r)
+        # Not registered one by one: `_EngineCollector` reads each once per scrape and yields it under
+        # both name sets, so `turnout_engine_*` and `vllm:*` show the same values, not two reads apart.
+        self.requests = Counter(f"{p}_requests", "Finished requests by finish reason", ["finish_reason"], registry=None)
+        self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens prefilled", registry=None)
+        self.generation_tokens = Counter(f"{p}_generation_tokens", "Tokens generated", registry=None)
         self.queue_time = Histogram(
-            f"{p}_queue_time_seconds", "Arrival to first scheduled", registry=r, buckets=REQUEST_LATENCY_BUCKETS
+            f"{p}_queue_time_seconds", "Arrival to first scheduled", registry=None, buckets=REQUEST_LATENCY_BUCKETS
         )
         self.ttft = Histogram(
-            f"{p}_time_to_first_token_seconds", "Arrival to first token", registry=r, buckets=TOKEN_LATENCY_BUCKETS
+            f"{p}_time_to_first_token_seconds", "Arrival to first token", registry=None, buckets=TOKEN_LATENCY_BUCKETS
         )
         self.itl = Histogram(
-            f"{p}_inter_token_latency_seconds", "Between outputs of a sample", registry=r, buckets=TOKEN_LATENCY_BUCKETS
+            f"{p}_inter_token_latency_seconds",
+            "Between outputs of a sample",
+            registry=None,
+            buckets=TOKEN_LATENCY_BUCKETS,
         )
         self.e2e = Histogram(
-            f"{p}_e2e_request_latency_seconds", "Arrival to last output", registry=r, buckets=REQUEST_LATENCY_BUCKETS
+            f"{p}_e2e_request_latency_seconds", "Arrival to last output", registry=None, buckets=REQUEST_LATENCY_BUCKETS
         )
+        self._gauges: _GaugeCollector | None = None
+        self.registry.register(_EngineCollector(self, model_name))
 
     def watch(self, gauges: Callable[[], EngineGauges]) -> None:
         """Report the scheduler and KV cache state `gauges()` returns at every scrape."""
-        self.registry.register(_GaugeCollector(gauges))
+        self._gauges = _GaugeCollector(gauges)
+
+    def families(self) -> Iterator[Metric]:
+        """Every `turnout_engine_*` family, read now."""
+        for metric in (self.requests, self.prompt_tokens, self.generation_tokens):
+            yield from metric.collect()
+        for histogram in (self.queue_time, self.ttft, self.itl, self.e2e):
+            yield from histogram.collect()
+        if self._gauges is not None:
+            yield from self._gauges.collect()
 
     # -- called on the step-loop thread ----------------------------------------
 
@@ -124,6 +145,17 @@ class EngineMetrics:
             self.e2e.observe((now_ns - timeline.queued_ns) * NS)
 
 
+class _EngineCollector(Collector):
+    def __init__(self, metrics: EngineMetrics, model_name: str) -> None:
+        self._metrics = metrics
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        families = list(self._metrics.families())
+        yield from families
+        yield from vllm_families(families, self._model_name)
+
+
 class _GaugeCollector(Collector):
     def __init__(self, gauges: Callable[[], EngineGauges]) -> None:
         self._gauges = gauges
@@ -140,3 +172,4 @@ class _GaugeCollector(Collector):
         yield CounterMetricFamily(
             f"{p}_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", g.prefix_hit_tokens
         )
+        yield CounterMetricFamily(f"{p}_preemptions", "Running sequences preempted", g.preemptions)

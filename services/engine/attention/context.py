@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from services.engine.attention.backend import AttentionBackend
+from services.engine.lora.batch import LoraBatch
 
 
 @dataclass
@@ -44,6 +45,8 @@ class ForwardContext:
     # Values a backend derives from this batch once and reuses in every layer (gather indices,
     # host-side lists), so no layer repeats the work or a device-to-host copy.
     scratch: dict[str, Any] = field(default_factory=dict)
+    # The adapter slot of every new token, grouped for the LoRA matmuls; None when no token has one.
+    lora: LoraBatch | None = None
 
     @property
     def num_sequences(self) -> int:

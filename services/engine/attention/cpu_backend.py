@@ -2,8 +2,9 @@
 
 Every new token attends over the cache in place: no per-layer gather of K/V into padded
 tensors, which was most of a CPU decode step (34% gather + 10% scatter at 16 sequences,
-docs/benchmarks.md). A prefill chunk's tokens are rows of the same kernel, each with its own
-causal length, which measured faster than SDPA over the gathered prefix (docs/benchmarks.md).
+docs/benchmarks.md). Decode-only steps use paged_decode (one query token per sequence); a step
+with prompt chunks uses paged_prefill, which tiles each sequence's new tokens 16 query vectors
+at a time (2-2.3x paged_decode treating each token as its own query, docs/benchmarks.md).
 The K/V store is the torch backend's, which is also the reference these kernels are tested
 against (tests/engine/test_cpu_attention.py).
 """
@@ -38,25 +39,18 @@ class CpuAttentionBackend(TorchAttentionBackend):
         k_cache = self.kv_cache.k[layer]  # (N, bs, Hkv, D)
         v_cache = self.kv_cache.v[layer]
         self._store(k_cache, v_cache, k, v, ctx.slot_mapping)
-        tables, lens = self._row_tables(ctx)
-        return self._kernels.paged_decode(q, k_cache, v_cache, tables, lens, self.scale)  # type: ignore[no-any-return]
+        if ctx.is_decode_only:
+            return self._kernels.paged_decode(q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale)  # type: ignore[no-any-return]
+        return self._kernels.paged_prefill(  # type: ignore[no-any-return]
+            q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, ctx.query_start_loc, self.scale
+        )
 
     def run_cpu_decoder(
         self, decoder: Any, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The decoder calls the same store and paged_decode as forward(), with the same row tables."""
-        tables, lens = self._row_tables(ctx)
-        return decoder.forward(hidden, self.kv_cache.k, self.kv_cache.v, *cos_sin, ctx.slot_mapping, tables, lens)  # type: ignore[no-any-return]
-
-    @staticmethod
-    def _row_tables(ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each new token's block table (T, nb) and the positions it sees (T,), once per batch."""
-        if "cpu_row_tables" not in ctx.scratch:
-            if ctx.is_decode_only:
-                tables, lens = ctx.block_tables, ctx.seq_lens
-            else:
-                counts = torch.tensor(ctx.query_lens_cpu, device=ctx.block_tables.device)
-                tables = ctx.block_tables.repeat_interleave(counts, dim=0)  # (T, nb)
-                lens = ctx.positions + 1  # (T,)
-            ctx.scratch["cpu_row_tables"] = (tables.contiguous(), lens.contiguous())
-        return ctx.scratch["cpu_row_tables"]  # type: ignore[no-any-return]
+        """The decoder calls the same store and attention kernel as forward() (a query start per
+        sequence tells it to use paged_prefill)."""
+        starts = None if ctx.is_decode_only else ctx.query_start_loc
+        return decoder.forward(  # type: ignore[no-any-return]
+            hidden, self.kv_cache.k, self.kv_cache.v, *cos_sin, ctx.slot_mapping, ctx.block_tables, ctx.seq_lens, starts
+        )

@@ -4,12 +4,15 @@
 -O3 -march=native); an engine that finds them unbuilt builds them at start, and one that cannot
 (no compiler) logs why and keeps the portable torch path, which is also the reference the tests
 hold them to. The build lands under ~/.cache/turnout/torch_extensions (TURNOUT_CPU_KERNELS_DIR
-overrides) in a folder named by a digest of the sources and flags: an edited kernel gets a
-new build, and two checkouts with different kernels never rebuild over each other.
+overrides) in a folder named by a digest of the sources, their folder and the flags: an edited
+kernel gets a new build, and two checkouts never rebuild over each other (torch's build files
+name the sources by absolute path, so a second checkout of the same sources would rebuild the
+first one's folder, and the first would rebuild it back).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -23,10 +26,12 @@ log = logging.getLogger(__name__)
 FILES = (
     "module.cpp",
     "paged_decode.cpp",
+    "paged_prefill.cpp",
     "packed_linear.cpp",
     "elementwise.cpp",
     "decoder.cpp",
     "common.h",
+    "simd.h",
     "ops.h",
 )
 SOURCES = tuple(Path(__file__).with_name(name) for name in FILES if name.endswith(".cpp"))
@@ -42,10 +47,11 @@ def build_dir() -> Path:
 
 
 def digest() -> str:
-    """Of the sources, the flags and torch's version: what the built module depends on."""
+    """Of the sources and where they are, the flags and torch's version: what the build depends on."""
     import torch
 
     h = hashlib.sha256()
+    h.update(str(Path(__file__).resolve().parent).encode())
     for source in INPUTS:
         h.update(source.read_bytes())
     h.update(" ".join(FLAGS).encode())
@@ -72,14 +78,20 @@ def load() -> ModuleType | None:
         directory = build_dir() / name
         directory.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        module = cpp_extension.load(
-            name=name,
-            sources=[str(s) for s in SOURCES],
-            extra_cflags=list(FLAGS),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            verbose=False,
-        )
+        # torch's own lock is a file that a killed build leaves behind, and then every later load
+        # waits on it for ever. Every loader of this folder holds this flock first, which the OS
+        # releases when its holder dies, so a torch lock found while holding it is a dead one's.
+        with open(directory / "turnout.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (directory / "lock").unlink(missing_ok=True)
+            module = cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=list(FLAGS),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                verbose=False,
+            )
     except Exception as exc:  # a missing compiler or ninja, a failed build: the torch path serves
         log.warning("CPU kernels unavailable; the engine uses its torch paths", extra={"reason": str(exc)[-500:]})
         return None

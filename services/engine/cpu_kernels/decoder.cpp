@@ -10,10 +10,10 @@
 //   q, k, v          = split(packed_linear(hidden, qkv))              (T, Hq|Hkv|Hkv, D) views
 //   q, k             = rotary(q, cos, sin), rotary(k, cos, sin)
 //   cache[slots]     = k, v                                           (index_copy_, as _store)
-//   hidden           = packed_linear(paged_decode(q, caches, tables, lens), o)
+//   hidden           = packed_linear(paged_decode or paged_prefill(q, caches, ...), o)
 //   hidden, residual = add_rms_norm(hidden, residual, post_attention_norm)
 //   gate_up          = packed_linear(hidden, gate_up)                 (T, 2I)
-//   hidden           = packed_linear(silu(gate) * up, down)           (silu_mul kernel at <= kSiluRows)
+//   hidden           = packed_linear(silu_mul(gate_up), down)
 // and forward returns (hidden, residual) of the last layer: the model's final norm adds them.
 
 #include <torch/extension.h>
@@ -43,16 +43,12 @@ struct Layer {
 
 class CpuDecoder {
  public:
-  // silu_kernel_rows: up to this many rows SiLU-mul runs as one kernel call, above it as torch's
-  // silu and mul (layers.py's SILU_MUL_KERNEL_ROWS, so both paths round alike).
-  CpuDecoder(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-             int64_t silu_kernel_rows)
+  CpuDecoder(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale)
       : num_heads_(num_heads),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         eps_(eps),
-        scale_(scale),
-        silu_kernel_rows_(silu_kernel_rows) {
+        scale_(scale) {
     TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
                 "bad head shape");
   }
@@ -75,14 +71,16 @@ class CpuDecoder {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
   // hidden (T, H): the embeddings; k_caches / v_caches: one (N, block_size, Hkv, D) per layer;
-  // cos / sin (T, D/2) float32; slots (T,) int64; tables (T or B, max_blocks) and lens (same
-  // rows) as paged_decode takes them. Returns (hidden, residual) after the last layer.
+  // cos / sin (T, D/2) float32; slots (T,) int64; tables (B, max_blocks) and lens (B,) per
+  // sequence; query_start_loc (B+1,) for a step with prompt chunks (attention by paged_prefill),
+  // none for a decode-only step (paged_decode). Returns (hidden, residual) after the last layer.
   std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& embeddings,
                                                    const std::vector<torch::Tensor>& k_caches,
                                                    const std::vector<torch::Tensor>& v_caches,
                                                    const torch::Tensor& cos, const torch::Tensor& sin,
                                                    const torch::Tensor& slots, const torch::Tensor& tables,
-                                                   const torch::Tensor& lens) const {
+                                                   const torch::Tensor& lens,
+                                                   const c10::optional<torch::Tensor>& query_start_loc) const {
     TORCH_CHECK(!layers_.empty(), "the decoder has no layers");
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(), "one K and V cache per layer");
     TORCH_CHECK(embeddings.dim() == 2, "hidden must be (T, hidden)");
@@ -107,17 +105,14 @@ class CpuDecoder {
       const torch::Tensor& v_cache = v_caches[i];
       k_cache.view({-1, num_kv_heads_, head_dim_}).index_copy_(0, slots, k_rotated);
       v_cache.view({-1, num_kv_heads_, head_dim_}).index_copy_(0, slots, v);
-      const torch::Tensor attended = turnout_cpu::paged_decode(q_rotated, k_cache, v_cache, tables, lens, scale_);
+      const torch::Tensor attended =
+          query_start_loc.has_value()
+              ? turnout_cpu::paged_prefill(q_rotated, k_cache, v_cache, tables, lens, *query_start_loc, scale_)
+              : turnout_cpu::paged_decode(q_rotated, k_cache, v_cache, tables, lens, scale_);
       hidden = layer.o(attended.view({tokens, q_width}));
       std::tie(hidden, residual) = turnout_cpu::add_rms_norm(hidden, residual, layer.post_attention_norm, eps_);
       const torch::Tensor gate_up = layer.gate_up(hidden);  // (T, 2I)
-      torch::Tensor activated;
-      if (tokens <= silu_kernel_rows_) {
-        activated = turnout_cpu::silu_mul(gate_up);
-      } else {
-        const int64_t half = gate_up.size(1) / 2;
-        activated = at::silu(gate_up.narrow(1, 0, half)) * gate_up.narrow(1, half, half);
-      }
+      const torch::Tensor activated = turnout_cpu::silu_mul(gate_up);
       hidden = layer.down(activated);
     }
     return {hidden, residual};
@@ -126,7 +121,6 @@ class CpuDecoder {
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;
-  int64_t silu_kernel_rows_;
   std::vector<Layer> layers_;
 };
 
@@ -134,10 +128,12 @@ class CpuDecoder {
 
 void register_decoder(pybind11::module& m) {
   pybind11::class_<CpuDecoder>(m, "CpuDecoder", "A Llama-family decoder's layers run in one call (CPU)")
-      .def(pybind11::init<int64_t, int64_t, int64_t, double, double, int64_t>(), pybind11::arg("num_heads"),
-           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"),
-           pybind11::arg("silu_kernel_rows"))
+      .def(pybind11::init<int64_t, int64_t, int64_t, double, double>(), pybind11::arg("num_heads"),
+           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"))
       .def("add_layer", &CpuDecoder::add_layer)
       .def_property_readonly("num_layers", &CpuDecoder::num_layers)
-      .def("forward", &CpuDecoder::forward, kReleaseGil);
+      .def("forward", &CpuDecoder::forward, pybind11::arg("embeddings"), pybind11::arg("k_caches"),
+           pybind11::arg("v_caches"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("slots"),
+           pybind11::arg("tables"), pybind11::arg("lens"), pybind11::arg("query_start_loc") = pybind11::none(),
+           kReleaseGil);
 }

@@ -16,13 +16,21 @@
 
 #include "common.h"
 #include "ops.h"
+#include "simd.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 
 namespace {
+
+#ifdef __AVX512F__
+using turnout_simd::exp16;
+using turnout_simd::load16;
+using turnout_simd::store16;
+#endif
 
 // Elements of work below which a call runs on the calling thread alone: opening a parallel region
 // and meeting at its barrier costs more than the arithmetic of a decode step's few rows (at 16
@@ -66,15 +74,41 @@ void add_rows(const T* x, const T* residual, T* summed, int64_t count) {
   });
 }
 
+#ifdef __AVX512F__
+// x rounded to T and widened back, 16 lanes at a time (round_to<T> of each lane).
+inline __m512 round16(__m512 x, float) { return x; }
+inline __m512 round16(__m512 x, c10::BFloat16) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+}
+#endif
+
 template <typename T>
 void silu_mul_rows(const T* gate_up, T* y, int64_t rows, int64_t half) {
-  at::parallel_for(0, rows * half, grain_of(8), [&](int64_t begin, int64_t end) {
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t r = index / half, i = index % half;
-      const float g = static_cast<float>(gate_up[r * 2 * half + i]);
-      const float u = static_cast<float>(gate_up[r * 2 * half + half + i]);
-      const float silu = round_to<T>(g / (1.f + std::exp(-g)));
-      y[index] = static_cast<T>(silu * u);
+  at::parallel_for(0, rows, grain_of(half), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = gate_up + r * 2 * half;
+      const T* up = gate + half;
+      T* out = y + r * half;
+      int64_t i = 0;
+#ifdef __AVX512F__
+      // exp16 is Cephes' expf to ~1 ulp; torch's silu uses its own vectorised exp, so the two
+      // may differ in float32's last bit (and round alike to bfloat16 but for rare ties).
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {  // (dispatch also makes double)
+        const __m512 one = _mm512_set1_ps(1.f);
+        for (; i + 16 <= half; i += 16) {
+          const __m512 g = load16(gate + i);
+          const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+          store16(out + i, _mm512_mul_ps(round16(silu, T()), load16(up + i)));
+        }
+      }
+#endif
+      for (; i < half; ++i) {
+        const float g = static_cast<float>(gate[i]), u = static_cast<float>(up[i]);
+        out[i] = static_cast<T>(round_to<T>(g / (1.f + std::exp(-g))) * u);
+      }
     }
   });
 }

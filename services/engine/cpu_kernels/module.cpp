@@ -6,12 +6,14 @@
 #include <torch/extension.h>
 
 void register_paged_decode(pybind11::module& m);
+void register_paged_prefill(pybind11::module& m);
 void register_elementwise(pybind11::module& m);
 void register_packed_linear(pybind11::module& m);
 void register_decoder(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_paged_decode(m);
+  register_paged_prefill(m);
   register_elementwise(m);
   register_packed_linear(m);
   register_decoder(m);

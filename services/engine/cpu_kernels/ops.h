@@ -15,6 +15,10 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
 // paged_decode.cpp
 torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                            const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale);
+// paged_prefill.cpp
+torch::Tensor paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                            const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                            const torch::Tensor& query_start_loc, double scale);
 // elementwise.cpp
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,

@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "ops.h"
+#include "simd.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -34,20 +35,12 @@
 
 namespace {
 
-// Row loads into float32: the only place the cache dtype matters.
-inline void to_float(const float* src, float* dst, int64_t n) { std::copy(src, src + n, dst); }
-
-inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  int64_t i = 0;
+using turnout_simd::to_float;
 #ifdef __AVX512F__
-  for (; i + 16 <= n; i += 16) {
-    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i));
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16)));
-  }
+using turnout_simd::exp16;
+using turnout_simd::load16;
+using turnout_simd::store16;
 #endif
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
 
 inline float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
@@ -105,38 +98,6 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {
 }
 
 #ifdef __AVX512F__
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(c10::BFloat16* p, __m512 v) {
-  // Round to nearest even, as static_cast<c10::BFloat16> does (inputs here are never NaN).
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
-
-// e^x for x <= 0 (softmax's shifted scores), to ~1 ulp: Cephes' expf polynomial on
-// x - n ln2, times 2^n.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // s[0..len) <- softmax(s), in place.
 inline void softmax(float* s, int64_t len, float top) {
   const __m512 shift = _mm512_set1_ps(top);

@@ -18,6 +18,9 @@ the engine makes and how their tensors are laid out:
                                        extend_attention          one prompt; a mixed batch
     sampler.draw                       exponential_race_argmax   float32 logits (R, W), W from the
                                                                  full vocabulary down to top-k widths
+    lora.weights.LoraWeights.add_to    lora_grouped_matmul       steps with LoRA tokens: each adapted
+                                                                 projection (qkv, o, gate_up, down)
+                                                                 at the default --max-lora-rank
 
 Runtime integers a kernel does not declare `do_not_specialize` (strides, widths, counts) make
 Triton compile one variant per class (== 1, divisible by 16, other) of their values; the steps
@@ -38,10 +41,12 @@ from services.engine.config import EngineConfig
 from services.engine.cuda_graphs import blocks_per_sequence
 from services.engine.kernels.extend_attention import extend_attention
 from services.engine.kernels.kv_store import kv_store
+from services.engine.kernels.lora_matmul import lora_grouped_matmul
 from services.engine.kernels.paged_decode import paged_decode
 from services.engine.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from services.engine.kernels.rotary import rotary_embedding
 from services.engine.kernels.sampling import exponential_race_argmax
+from services.engine.lora.batch import LoraBatch
 from services.engine.models.layers import QKVLinear
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EngineConfig)}
@@ -56,6 +61,8 @@ EAGER_TABLE_WIDTHS = (7, 25, 50, 100, 200)
 # Candidate widths the sampler's draw meets: the whole vocabulary, or what top-k / top-p left
 # (one width per BLOCK_COLUMNS the launcher can pick).
 CANDIDATE_WIDTHS = (5, 12, 20, 50, 100, 200, 400)
+LORA_RANK: int = _DEFAULTS["max_lora_rank"]
+LORA_SLOTS = 4  # slots do not change what compiles: the slot is a runtime index
 KV_BLOCKS = 1000  # blocks in the pool (only the divisibility of its slot count matters)
 EPS = 1e-5
 
@@ -73,6 +80,8 @@ class ModelDims(Protocol):
     def head_dim(self) -> int: ...
     @property
     def vocab_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,19 @@ def engine_calls(model: ModelDims, dtype: torch.dtype, device: torch.device | st
     def draw(width: int) -> Callable[[], object]:
         return lambda: exponential_race_argmax(empty(8, width, like=torch.float32), seed=2**40, offset=2**40)
 
+    # Two adapters and base tokens between them, as build_batch lays a mixed step out.
+    lora_batch = LoraBatch.of([0, -1, 1, 0] * (tokens // 4) + [-1] * (tokens % 4), device)
+    assert lora_batch is not None
+
+    def lora(projection: str, in_features: int, shards: int, out_features: int) -> EngineCall:
+        a = empty(LORA_SLOTS, in_features, shards * LORA_RANK)
+        b = empty(LORA_SLOTS, shards * LORA_RANK, out_features)
+        activations = empty(tokens, in_features)
+        return EngineCall(
+            "lora_grouped_matmul", f"LoRA of {projection}", lambda: lora_grouped_matmul(activations, a, b, lora_batch)
+        )
+
+    inner = model.intermediate_size
     return [
         EngineCall("rms_norm", "first layer's input norm", lambda: rms_norm(x, weight, EPS)),
         EngineCall("fused_add_rms_norm", "residual add + norm", lambda: fused_add_rms_norm(x, residual, weight, EPS)),
@@ -142,4 +164,8 @@ def engine_calls(model: ModelDims, dtype: torch.dtype, device: torch.device | st
         EngineCall("extend_attention", "mixed step, 5 sequences", extend(5, 37)),
         EngineCall("exponential_race_argmax", "draw over the vocabulary", draw(model.vocab_size)),
         *(EngineCall("exponential_race_argmax", f"draw over {w} candidates", draw(w)) for w in CANDIDATE_WIDTHS),
+        lora("qkv_proj", hidden, 3, (heads + 2 * kv_heads) * head_dim),
+        lora("o_proj", heads * head_dim, 1, hidden),
+        lora("gate_up_proj", hidden, 2, 2 * inner),
+        lora("down_proj", inner, 1, hidden),
     ]

@@ -19,13 +19,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.engine.kernels import triton_runs_on
+
+if TYPE_CHECKING:
+    from services.engine.lora.batch import LoraBatch
+    from services.engine.lora.weights import LoraWeights
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -171,11 +175,6 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
-# Up to this many rows GatedMLP's SiLU-mul is one C++ call instead of three torch ops: there the
-# calls' dispatch, not their arithmetic, is the cost (the kernel's exp is scalar).
-SILU_MUL_KERNEL_ROWS = 2
-
-
 @dataclass(frozen=True)
 class CpuWeight:
     """A CPU linear layer's weight packed once for the matmul that reads it."""
@@ -200,11 +199,15 @@ class Linear(nn.Linear):
     cpu_weight: CpuWeight | None = None
     # Tensor parallel: the dimension of each parameter split over the ranks (see parallel_layers.py).
     shard_dims: dict[str, int] = {}  # replaced per instance, never mutated
+    # Its LoRA weights in every adapter slot, set by services.engine.lora.manager when LoRA is on.
+    lora: LoraWeights | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_weight is not None:
-            return self.cpu_weight.linear(x, self.bias)
-        return super().forward(x)
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        """x (T, in) -> (T, out); `lora` (the step's ForwardContext.lora) adds each adapter token's LoRA term."""
+        y = self.cpu_weight.linear(x, self.bias) if self.cpu_weight is not None else super().forward(x)
+        if lora is not None and self.lora is not None:
+            y = self.lora.add_to(y, x, lora)
+        return y
 
 
 class MergedLinear(Linear):
@@ -228,9 +231,11 @@ class QKVLinear(MergedLinear):
         super().__init__(hidden_size, sizes, ("q_proj", "k_proj", "v_proj"), bias)
         self.head_dim = head_dim
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, lora: LoraBatch | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (T, hidden) -> q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, D)."""
-        qkv = super().forward(x)  # (T, (Hq + 2 Hkv) D)
+        qkv = super().forward(x, lora)  # (T, (Hq + 2 Hkv) D)
         q, k, v = qkv.split(self.shard_sizes, dim=-1)
         return (
             q.unflatten(-1, (-1, self.head_dim)),
@@ -250,13 +255,13 @@ class GatedMLP(nn.Module):
 
     cpu_ops: ModuleType | None = None  # cpu_kernels' silu_mul; see use_cpu_kernels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # (T, 2I)
-        if self.cpu_ops is not None and gate_up.shape[0] <= SILU_MUL_KERNEL_ROWS:
-            # One call instead of three where dispatch, not arithmetic, is the cost (its exp is scalar).
-            return self.down_proj(self.cpu_ops.silu_mul(gate_up))
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x, lora)  # (T, 2I)
+        if self.cpu_ops is not None:
+            # One vectorised pass instead of torch's silu, then mul through a (T, I) temporary.
+            return self.down_proj(self.cpu_ops.silu_mul(gate_up), lora)
         gate, up = gate_up.chunk(2, dim=-1)  # (T, I) each
-        return self.down_proj(F.silu(gate) * up)  # (T, hidden)
+        return self.down_proj(F.silu(gate) * up, lora)  # (T, hidden)
 
 
 class LMHead(nn.Module):

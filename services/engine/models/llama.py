@@ -21,7 +21,6 @@ from torch import nn
 
 from services.engine.attention.context import ForwardContext
 from services.engine.models.layers import (
-    SILU_MUL_KERNEL_ROWS,
     GatedMLP,
     Linear,
     LMHead,
@@ -87,12 +86,12 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
 
     def forward(self, hidden: torch.Tensor, rope: Rotation, ctx: ForwardContext) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden)  # (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
+        q, k, v = self.qkv_proj(hidden, ctx.lora)  # (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope.rotate(q, k)
         out = ctx.attention(self.layer_index, q, k, v)  # (T, Hq, D)
-        return self.o_proj(out.flatten(1))  # (T, hidden)
+        return self.o_proj(out.flatten(1), ctx.lora)  # (T, hidden)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -123,7 +122,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm.add_forward(hidden, residual)
         hidden = self.self_attn(hidden, rope, ctx)
         hidden, residual = self.post_attention_layernorm.add_forward(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.mlp(hidden, ctx.lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -167,9 +166,7 @@ class LlamaModel(nn.Module):
         qkv = layers[0].self_attn.qkv_proj
         num_heads, num_kv_heads = qkv.shard_sizes[0] // qkv.head_dim, qkv.shard_sizes[1] // qkv.head_dim
         eps = layers[0].input_layernorm.eps
-        decoder = kernels.CpuDecoder(
-            num_heads, num_kv_heads, qkv.head_dim, eps, qkv.head_dim**-0.5, SILU_MUL_KERNEL_ROWS
-        )
+        decoder = kernels.CpuDecoder(num_heads, num_kv_heads, qkv.head_dim, eps, qkv.head_dim**-0.5)
 
         def weight(linear: Linear) -> tuple[torch.Tensor, int, torch.Tensor | None]:
             assert linear.cpu_weight is not None
@@ -194,7 +191,8 @@ class LlamaModel(nn.Module):
         rope = self.rotary(positions)  # shared by every layer
         residual: torch.Tensor | None = None
         ran = None
-        if self.cpu_decoder is not None and rope.cos_sin is not None:
+        # The C++ decoder knows nothing of LoRA: a step with any adapter token runs the layers one by one.
+        if self.cpu_decoder is not None and rope.cos_sin is not None and ctx.lora is None:
             ran = ctx.backend.run_cpu_decoder(self.cpu_decoder, hidden, rope.cos_sin, ctx)
         if ran is not None:
             hidden, residual = ran

@@ -14,12 +14,17 @@ ranks; the loader (weights.py) reads only this rank's part of each checkpoint te
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.engine.models.layers import Linear, LMHead
 from services.engine.parallel.group import TensorParallel
+
+if TYPE_CHECKING:
+    from services.engine.lora.batch import LoraBatch
 
 
 class RowParallelLinear(Linear):
@@ -31,7 +36,9 @@ class RowParallelLinear(Linear):
         super().__init__(in_features // tp.world_size, out_features, bias=bias)
         self.tp = [tp]  # a list keeps the group out of the module's attributes torch inspects
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        """x (T, in/N) -> (T, out), the same on every rank. `lora` is never set under tensor parallelism
+        (EngineConfig refuses --enable-lora with it): its term would need the all-reduce too."""
         # (T, out): this rank's share of the sum
         partial = self.cpu_weight.linear(x, None) if self.cpu_weight is not None else F.linear(x, self.weight)
         out = self.tp[0].all_reduce(partial)

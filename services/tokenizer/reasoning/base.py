@@ -9,7 +9,9 @@ boundaries the text arrives in, the concatenated results are the same.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,13 @@ class ReasoningParser(ABC):
     def __init__(self, *, thinking_open: bool = False) -> None:
         """`thinking_open`: the prompt opened the block, so the output starts inside it."""
         self.thinking_open = thinking_open
+
+    @classmethod
+    def thinks(cls, template_kwargs: Mapping[str, Any]) -> bool:
+        """Whether a request rendered with these chat_template_kwargs thinks at all; when it does not,
+        the parser is off for it and the whole output is answer. Default: always (the parser decides
+        from the tags), as for models without a thinking switch."""
+        return True
 
     @abstractmethod
     def feed(self, text: str, *, last: bool = False) -> ReasoningDelta:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,14 @@ class ToolCallPiece:
     id: str = ""
     name: str = ""
     arguments: str = ""
+
+
+class FoundCall(NamedTuple):
+    """A complete call read from the text; `id` only where the model writes its own (Kimi-K2)."""
+
+    name: str
+    arguments: str
+    id: str = ""
 
 
 @dataclass
@@ -43,8 +52,8 @@ class ToolParser(ABC):
     def feed(self, text: str, *, last: bool = False) -> ToolParse:
         """Add the next piece of answer text; `last` releases or completes everything held."""
 
-    def _whole_call(self, name: str, arguments: str) -> ToolCallPiece:
-        """A complete call as one piece, numbered after the previous calls, with a fresh id."""
-        piece = ToolCallPiece(self._calls, new_call_id(), name, arguments)
+    def _whole_call(self, name: str, arguments: str, call_id: str = "") -> ToolCallPiece:
+        """A complete call as one piece, numbered after the previous calls, with the model's id or a fresh one."""
+        piece = ToolCallPiece(self._calls, call_id or new_call_id(), name, arguments)
         self._calls += 1
         return piece

@@ -39,7 +39,7 @@ class RequiredCallsParser(ToolParser):
         out = ToolParse()
         if self._reader is not None:
             step = self._reader.read(self._buf, last)
-            out.calls.extend(self._whole_call(name, arguments) for name, arguments in step.calls)
+            out.calls.extend(self._whole_call(*call) for call in step.calls)
             if step.end is None:
                 return out
             out.content = step.released

@@ -9,28 +9,46 @@ text to release as content (a call that proved invalid, with the text after it).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from services.tokenizer.tool_parsers.base import FoundCall
 from services.tokenizer.tool_parsers.json_text import JsonValueEnd, NotJson, parse_call, skip_whitespace
+
+# Reads the calls out of the text between a call's tags; None when the text is not valid calls.
+BodyParser = Callable[[str], list[FoundCall] | None]
+
+
+def one_json_call(body: str) -> list[FoundCall] | None:
+    """`{"name": ..., "arguments"|"parameters": {...}}` (hermes, Qwen2.5, InternLM)."""
+    call = parse_call(body)
+    return None if call is None else [FoundCall(*call)]
 
 
 @dataclass
 class RegionStep:
-    # (name, arguments) of calls completed by this read.
-    calls: list[tuple[str, str]] = field(default_factory=list)
+    # Calls completed by this read.
+    calls: list[FoundCall] = field(default_factory=list)
     # Index in the buffer just past the stretch, once it is over; None while it goes on.
     end: int | None = None
     # Text given back as content (an invalid call).
     released: str = ""
 
 
-class TaggedCallReader:
-    """One call object between tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (hermes, Qwen2.5)."""
+class RegionReader(Protocol):
+    def read(self, buf: str, last: bool) -> RegionStep: ...
 
-    def __init__(self, start: int, start_tag: str, end_tag: str) -> None:
+
+class TaggedCallReader:
+    """The calls between a start and an end tag, read by `parse_body` once the end tag is there:
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (hermes, Qwen2.5) by default."""
+
+    def __init__(self, start: int, start_tag: str, end_tag: str, parse_body: BodyParser = one_json_call) -> None:
         self._start = start  # index of the body, just past the start tag
         self._start_tag = start_tag
         self._end_tag = end_tag
+        self._parse_body = parse_body
         self._searched = start
 
     def read(self, buf: str, last: bool) -> RegionStep:
@@ -39,13 +57,12 @@ class TaggedCallReader:
             # The end tag may begin in the last few characters: look there again next time.
             self._searched = max(self._start, len(buf) - len(self._end_tag) + 1)
             return RegionStep()
-        # At the end of the output a call whose end tag never came still counts if its JSON is whole.
+        # At the end of the output a call whose end tag never came still counts if its body is whole.
         end = len(buf) if index < 0 else index + len(self._end_tag)
-        body = buf[self._start : len(buf) if index < 0 else index]
-        call = parse_call(body)
-        if call is None:
+        calls = self._parse_body(buf[self._start : len(buf) if index < 0 else index])
+        if calls is None:
             return RegionStep(end=end, released=self._start_tag + buf[self._start : end])
-        return RegionStep(calls=[call], end=end)
+        return RegionStep(calls=calls, end=end)
 
 
 class _Array(enum.Enum):
@@ -59,9 +76,11 @@ class CallArrayReader:
     """A JSON array of call objects, each reported as soon as it is complete (mistral, tool_choice required).
 
     `[{"name": ..., "arguments"|"parameters": {...}}, ...]`; a single object without
-    the brackets is read as a one-call array. Text that breaks the form is released
-    from the end of the last reported call on (with `prefix`, the text that opened the
-    stretch, when no call was reported at all), and the stretch ends there.
+    the brackets is read as a one-call array. When the form breaks, the text from the
+    end of the last reported call (with `prefix`, the text that opened the stretch,
+    when no call was reported at all) up to where it broke is released, and the
+    stretch ends there: the parser reads on from that point, so a later tag still
+    opens calls, wherever the chunks happened to end.
     """
 
     def __init__(self, start: int, prefix: str = "") -> None:
@@ -95,7 +114,7 @@ class CallArrayReader:
             elif buf[pos] == "{":
                 self._bare_object, self._pos, self._state = True, pos, _Array.ELEMENT
             else:
-                self._release(buf, step)
+                self._release(buf, step, pos)
             return True
         if self._state is _Array.ELEMENT:
             if buf[pos] == "]" and self._reported + len(step.calls) == 0 and not self._bare_object:
@@ -109,15 +128,15 @@ class CallArrayReader:
             try:
                 end = self._scanner.scan(buf)
             except NotJson:
-                self._release(buf, step)
+                self._release(buf, step, self._element_start)
                 return True
             if end is None:
                 return False
             call = parse_call(buf[self._element_start : end])
             if call is None:
-                self._release(buf, step)
+                self._release(buf, step, end)
                 return True
-            step.calls.append(call)
+            step.calls.append(FoundCall(*call))
             self._unreported_from = end
             if self._bare_object:
                 step.end = end
@@ -128,10 +147,19 @@ class CallArrayReader:
         elif buf[pos] == "]":
             step.end = pos + 1
         else:
-            self._release(buf, step)
+            self._release(buf, step, pos)
         return True
 
-    def _release(self, buf: str, step: RegionStep) -> None:
-        """Give back everything held that was not reported as a call; the stretch is over."""
+    def _release(self, buf: str, step: RegionStep, upto: int | None = None) -> None:
+        """Give back the held text not reported as a call, up to `upto` (default: all); the stretch is over."""
+        end = len(buf) if upto is None else max(upto, self._unreported_from)
         prefix = "" if self._reported + len(step.calls) else self._prefix
-        step.end, step.released = len(buf), prefix + buf[self._unreported_from :]
+        step.end, step.released = end, prefix + buf[self._unreported_from : end]
+
+
+def call_array(body: str) -> list[FoundCall] | None:
+    """A whole JSON array of call objects (or one bare object) and nothing else but whitespace (jamba)."""
+    step = CallArrayReader(0).read(body, True)
+    if not step.calls or step.released or step.end is None or body[step.end :].strip():
+        return None
+    return step.calls

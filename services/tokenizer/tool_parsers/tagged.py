@@ -9,15 +9,10 @@ separates them); any other text there is content.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Protocol
 
 from services.tokenizer.reasoning.think_tags import partial_suffix
 from services.tokenizer.tool_parsers.base import ToolParse, ToolParser
-from services.tokenizer.tool_parsers.regions import CallArrayReader, RegionStep, TaggedCallReader
-
-
-class _Reader(Protocol):
-    def read(self, buf: str, last: bool) -> RegionStep: ...
+from services.tokenizer.tool_parsers.regions import CallArrayReader, RegionReader, TaggedCallReader
 
 
 class TagStartedParser(ToolParser):
@@ -26,12 +21,12 @@ class TagStartedParser(ToolParser):
     def __init__(self) -> None:
         super().__init__()
         self._buf = ""
-        self._reader: _Reader | None = None
+        self._reader: RegionReader | None = None
         # Only whitespace since the last call: held, and dropped if another call or the end follows.
         self._after_call = False
 
     @abstractmethod
-    def _reader_at(self, start: int) -> _Reader:
+    def _reader_at(self, start: int) -> RegionReader:
         """The reader for the calls whose body starts at `start` (just past the tag)."""
 
     def feed(self, text: str, *, last: bool = False) -> ToolParse:
@@ -44,7 +39,7 @@ class TagStartedParser(ToolParser):
                     break
                 continue
             step = self._reader.read(self._buf, last)
-            out.calls.extend(self._whole_call(name, arguments) for name, arguments in step.calls)
+            out.calls.extend(self._whole_call(*call) for call in step.calls)
             if step.end is None:
                 break
             content.append(step.released)
@@ -80,7 +75,7 @@ class HermesParser(TagStartedParser):
     start_tag = "<tool_call>"
     end_tag = "</tool_call>"
 
-    def _reader_at(self, start: int) -> _Reader:
+    def _reader_at(self, start: int) -> RegionReader:
         return TaggedCallReader(start, self.start_tag, self.end_tag)
 
 
@@ -89,5 +84,5 @@ class MistralParser(TagStartedParser):
 
     start_tag = "[TOOL_CALLS]"
 
-    def _reader_at(self, start: int) -> _Reader:
+    def _reader_at(self, start: int) -> RegionReader:
         return CallArrayReader(start, prefix=self.start_tag)
