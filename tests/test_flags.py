@@ -56,7 +56,8 @@ ALIASES: list[tuple[str, list[str], str, Any]] = [
     ("engine", ["--no-prefix-caching"], "enable_prefix_caching", False),
     ("engine", ["--no-prefix-caching", "--enable-prefix-caching"], "enable_prefix_caching", True),
     ("engine", ["--tensor-parallel-size", "1"], "tensor_parallel_size", 1),
-    ("engine", ["--tp-size", "1"], "tensor_parallel_size", 1),
+    ("engine", ["--tp-size", "2"], "tensor_parallel_size", 2),
+    ("engine", ["--distributed-backend", "gloo"], "distributed_backend", "gloo"),
     ("engine", ["--seed", "7"], "seed", 7),
     ("engine", ["--random-seed", "7"], "seed", 7),
     ("engine", ["--generation-config", "auto"], "sampling_defaults", "model"),
@@ -175,7 +176,7 @@ def test_every_flag_of_every_service_reaches_its_child_from_turnout_serve(child:
         landed = getattr(child_args(argv, child.service), d.field)
         assert (tuple(landed) if isinstance(landed, list) else landed) == value, d.flag
     # What cannot take another value is refused by name (see the refusal tests).
-    assert set(refused) <= {"--tensor-parallel-size", "--pipeline-parallel-size", "--kv-cache-dtype"}
+    assert set(refused) <= {"--pipeline-parallel-size", "--kv-cache-dtype"}
     # And nothing of the child's own parser is missing from `turnout serve` (bar what the launcher sets).
     set_by_launcher = {"--model", "--host", "--port", "--served-model-name", "--engine", "--router"}
     set_by_launcher |= {"--tokenizer", "--tokenizer-path", "--metrics-port"}
@@ -244,8 +245,6 @@ def test_a_required_flag_may_come_from_the_environment(monkeypatch: pytest.Monke
 
 
 REFUSED = [
-    (["--tensor-parallel-size", "2"], "tensor parallelism is not implemented"),
-    (["--tp-size", "4"], "tensor parallelism is not implemented"),
     (["--pipeline-parallel-size", "2"], "pipeline parallelism is not implemented"),
     (["--kv-cache-dtype", "fp8"], "quantized KV caches are not implemented"),
 ]

@@ -51,3 +51,16 @@ def test_cpu_replicas_split_the_cores_instead_of_pinning_gpus(
 def test_default_is_one_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     stack = stack_for(monkeypatch, [], None)
     assert [c.name for c in stack.children] == ["engine", "tokenizer", "router", "gateway"]
+
+
+def test_tensor_parallel_engines_get_their_own_gpus_and_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = stack_for(monkeypatch, ["--engines", "2", "--tp-size", "2", "--distributed-backend", "nccl"], "0,1,2,3")
+    engines = stack.children[:2]
+    assert [c.env for c in engines] == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    for engine in engines:
+        assert option_values(engine.argv, "--tensor-parallel-size") == ["2"]
+        assert option_values(engine.argv, "--distributed-backend") == ["nccl"]
+    one = stack_for(monkeypatch, ["--tensor-parallel-size", "2"], "0,1")
+    assert one.children[0].env == {}  # one engine sees both GPUs: its ranks take cuda:0 and cuda:1
+    plain = stack_for(monkeypatch, [], None)
+    assert "--tensor-parallel-size" not in plain.children[0].argv

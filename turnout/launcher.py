@@ -78,21 +78,26 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def replica_env(replica: int, replicas: int, gpus: list[str], device: str) -> dict[str, str]:
+def replica_env(
+    replica: int, replicas: int, gpus: list[str], device: str, tensor_parallel_size: int = 1
+) -> dict[str, str]:
     """Environment overrides of engine replica `replica` of `replicas`.
 
-    With several GPUs each replica gets its own. Replicas running on the CPU share
-    its cores instead of each starting a thread pool as wide as the machine (unless
-    OMP_NUM_THREADS says otherwise).
+    With several GPUs each replica gets its own (with --tensor-parallel-size N, its own N: the
+    engine's ranks take cuda:0..N-1 of what it sees). Replicas running on the CPU share its cores
+    instead of each starting a thread pool as wide as the machine (unless OMP_NUM_THREADS says
+    otherwise); a tensor-parallel engine splits its share between its ranks.
     """
     on_cpu = device == "cpu" or (device == "auto" and not gpus)
     if on_cpu:
         if replicas < 2 or "OMP_NUM_THREADS" in os.environ:
             return {}
         return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas))}
-    if len(gpus) < 2:
+    tp = tensor_parallel_size
+    if len(gpus) < 2 or (replicas == 1 and len(gpus) <= tp):
         return {}
-    return {"CUDA_VISIBLE_DEVICES": gpus[replica % len(gpus)]}
+    first = replica * tp
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpus[(first + r) % len(gpus)] for r in range(tp))}
 
 
 def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | None = None) -> Stack:
@@ -116,7 +121,8 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
     def metrics_flags(port: int | None) -> list[str]:
         return [] if port is None else ["--metrics-port", str(port)]
 
-    gpus = visible_gpus() if args.engines > 1 else []
+    tp = args.tensor_parallel_size or 1
+    gpus = visible_gpus() if args.engines > 1 or tp > 1 else []
     engines = []
     for i, port in enumerate(engine_ports):
         engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
@@ -126,7 +132,7 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
         engine += child_flags(args, ENGINE)
         name = "engine" if args.engines == 1 else f"engine{i}"
         healthy = functools.partial(grpc_ready, f"127.0.0.1:{port}")
-        env = replica_env(i, args.engines, gpus, args.device)
+        env = replica_env(i, args.engines, gpus, args.device, tp)
         engine_metrics = metrics_port()
         engines.append(
             Child(

@@ -22,6 +22,7 @@ GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 SAMPLING_BACKENDS = ("auto", "torch", "triton")
+DISTRIBUTED_BACKENDS = ("auto", "gloo", "nccl")
 # vLLM's name for the CPU KV pool in GiB, honoured as an alias of --kv-cache-memory (0: unset, as in vLLM).
 KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
@@ -46,10 +47,6 @@ def _limit(default: float, help_text: str) -> Any:
     return flag(default, help_text, metadata={"limit": help_text})
 
 
-NOT_TENSOR_PARALLEL = (
-    "tensor parallelism is not implemented: an engine serves a model that fits one device; "
-    "use --engines N for N replicas (data parallel)"
-)
 NOT_PIPELINE_PARALLEL = "pipeline parallelism is not implemented: an engine serves a model that fits one device"
 KV_CACHE_DTYPE_ONLY_AUTO = "the KV cache is kept in the model's dtype ('auto'); quantized KV caches are not implemented"
 
@@ -189,12 +186,19 @@ class EngineConfig:
         name="--enable-overlap-schedule",
         negations=("--disable-overlap-schedule",),
     )
-    # Parallelism other than replicas is not implemented; the flags exist to refuse N > 1 by name.
+    # Tensor parallelism: the model split over this many ranks, each a process with its own device
+    # (CUDA: cuda:0 .. N-1) and its share of the heads, MLP rows, vocabulary and KV cache; rank 0
+    # schedules and serves (services/engine/parallel/). Pipeline parallelism is not implemented: its
+    # flag exists to refuse N > 1 by name.
     tensor_parallel_size: int = flag(
         1,
-        "GPUs one engine spans; only 1 (see --engines for replicas)",
+        "ranks one engine's model is split over (torch.distributed; on CUDA one GPU each); --engines for replicas",
         aliases=("--tp-size", "-tp"),
-        parse=only((1,), int, NOT_TENSOR_PARALLEL),
+    )
+    distributed_backend: str = flag(
+        "auto",
+        "torch.distributed backend of the ranks: auto (NCCL on CUDA, gloo on CPU), gloo or nccl",
+        choices=DISTRIBUTED_BACKENDS,
     )
     pipeline_parallel_size: int = flag(
         1,
@@ -256,6 +260,11 @@ class EngineConfig:
             raise ValueError(
                 f"--sampling-backend must be one of {', '.join(SAMPLING_BACKENDS)}, got {self.sampling_backend!r}"
             )
+        if self.distributed_backend not in DISTRIBUTED_BACKENDS:
+            raise ValueError(
+                f"--distributed-backend must be one of {', '.join(DISTRIBUTED_BACKENDS)}, "
+                f"got {self.distributed_backend!r}"
+            )
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"--scheduling-policy must be one of {', '.join(POLICIES)}")
         if self.sampling_defaults not in SAMPLING_DEFAULTS and not self.generation_config_file.is_file():
@@ -272,8 +281,6 @@ class EngineConfig:
                 )
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"--override-generation-config: {key} must be a number, got {value!r}")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size}: {NOT_TENSOR_PARALLEL}")
         if self.pipeline_parallel_size != 1:
             raise ValueError(f"--pipeline-parallel-size {self.pipeline_parallel_size}: {NOT_PIPELINE_PARALLEL}")
         if self.kv_cache_dtype != "auto":
@@ -289,6 +296,7 @@ class EngineConfig:
             "--grammar-max-whitespace": self.grammar_max_whitespace,
             "--cuda-graph-max-bs": self.cuda_graph_max_bs,
             "--cuda-graph-max-seq-len": self.cuda_graph_max_seq_len,
+            "--tensor-parallel-size": self.tensor_parallel_size,
         }
         positive.update({limit_flag(f): getattr(self, f.name) for f in request_limit_fields()})
         for name, value in positive.items():
@@ -309,6 +317,9 @@ class EngineConfig:
             )
         if self.lora_modules and not self.enable_lora:
             raise ValueError("--lora-modules needs --enable-lora")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            # The row-parallel projections' LoRA terms would need sharding and the all-reduce too; not done yet.
+            raise ValueError("--enable-lora cannot be combined with --tensor-parallel-size > 1 yet")
         names = [name for name, _ in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError(f"--lora-modules names must be unique, got {', '.join(names)}")

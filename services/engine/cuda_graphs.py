@@ -73,6 +73,9 @@ def decode_graphs_refusal(config: EngineConfig, device: torch.device, backend: A
     """Why decode steps cannot replay CUDA graphs on this engine; None when they can."""
     if config.disable_cuda_graph:
         return "--disable-cuda-graph"
+    if config.tensor_parallel_size > 1:
+        # The ranks' collectives would have to be captured too, and every rank replay in step; not done yet.
+        return "--tensor-parallel-size > 1 (decode steps run eagerly on every rank)"
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if not backend.graph_safe_decode:

@@ -241,6 +241,8 @@ class EngineLoop:
             streams = list(self._streams.values())
         self._commands.put(None)
         self._thread.join(timeout=30)
+        if self._thread.is_alive():  # a step hangs: its thread could not close the engine (see _run)
+            self.engine.close(step_running=True)
         self.engine.grammars.shutdown()
         for stream in streams:
             stream.emit(Unavailable("engine is shutting down"))
@@ -248,6 +250,9 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             if not self._apply_commands(block=not self.engine.has_work()):
+                # Here, not in shutdown(): the thread that built the engine started its tensor-parallel
+                # ranks, which die with that thread (PR_SET_PDEATHSIG), so it asks them to stop first.
+                self.engine.close()
                 return
             started = time.time_ns()
             try:

@@ -19,6 +19,11 @@ by config.py); else a default for the device:
   and never more than is free: memory other processes hold is not this engine's to take.
 Never more than the running cap times the context can use.
 
+Tensor parallel: every rank sizes its own pool this way (its bytes per block hold num_kv_heads/N
+heads; the budget, a memory size or a profile, is per rank, as vLLM's per-worker
+VLLM_CPU_KVCACHE_SPACE), and every rank then takes the smallest pool of the group, since the one
+scheduler on rank 0 hands the same block ids to every rank.
+
 The pool must hold one sequence of `max_model_len` tokens, or a request with the default max_tokens
 could never run (the stack would look ready and answer every such request 400). When it cannot:
 `--max-model-len` given explicitly -> the engine refuses to start, naming the knobs; not given (the
@@ -38,6 +43,7 @@ from services.engine.attention.backend import AttentionBackend, KVCache
 from services.engine.config import EngineConfig
 from services.engine.memory_profile import MemoryProfile, profile_memory
 from services.engine.model_loader import LoadedModel
+from services.engine.parallel.group import TensorParallel
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +135,14 @@ def size_kv_pool(
     loaded: LoadedModel,
     make_backend: Callable[[int], AttentionBackend],
     available_bytes: Callable[[], int] = available_ram_bytes,
+    tp: TensorParallel | None = None,
 ) -> KVPoolSize:
     """make_backend(num_blocks) builds the engine's backend over a new cache (the CUDA profile's probe);
-    available_bytes() is the RAM a CPU pool must fit in."""
+    available_bytes() is the RAM a CPU pool must fit in; `tp`: every rank of the group calls this, and
+    all get the smallest of their pools."""
     blocks = num_kv_blocks(config, loaded, make_backend)
+    if tp is not None:
+        blocks = tp.min_int(blocks)
     if loaded.device.type == "cpu":
         pool_bytes = (blocks + KVCache.NUM_EXTRA_BLOCKS) * loaded.kv_bytes_per_block(config.block_size)
         check_ram_available(pool_bytes, available_bytes())

@@ -63,6 +63,16 @@ class LLM:
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop the engine's other tensor-parallel ranks, if it has any (`tensor_parallel_size` > 1)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: str | Sequence[str] | Sequence[Sequence[int]],

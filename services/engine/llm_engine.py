@@ -21,6 +21,11 @@ same order.
 
 Synchronous and single-threaded: `EngineLoop` runs it on its own thread for the
 gRPC service, `LLM` calls it directly for offline use. Nothing here knows gRPC.
+
+With --tensor-parallel-size N this is rank 0 of N: it starts the other ranks
+(parallel/ranks.py) and its runner sends each forward to them before running it
+(parallel/driver.py); everything else here is the same on one rank or N. Call
+`close()` to stop them.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ from services.engine.lora.adapter import LoraAdapter, LoraError
 from services.engine.lora.manager import LoraManager
 from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, ModelRunner, StepLogits
+from services.engine.parallel.driver import DriverRunner
+from services.engine.parallel.ranks import Ranks
+from services.engine.parallel.step_channel import StepChannel
 from services.engine.processors.catalog import ProcessorCatalog
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
 from services.engine.sampler.draw import fused_draw_for
@@ -68,7 +76,18 @@ class StepOutput:
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        self.loaded = loaded or load_model(config)
+        # The other tensor-parallel ranks, started before this one loads its shard (they load theirs meanwhile).
+        self.ranks = Ranks.start(config) if config.tensor_parallel_size > 1 else None
+        try:
+            self._build(config, loaded)
+        except BaseException:
+            if self.ranks is not None:
+                self.ranks.abandon()
+            raise
+
+    def _build(self, config: EngineConfig, loaded: LoadedModel | None) -> None:
+        tp = self.ranks.tp if self.ranks is not None else None
+        self.loaded = loaded or load_model(config, tp)
         # Whether sampling draws unseeded batches in the fused kernel (--sampling-backend).
         self.fused_draw = fused_draw_for(config.sampling_backend, self.loaded.device)
         # The LoRA adapters (--enable-lora): their slots' weights are attached to the model's projections,
@@ -83,7 +102,7 @@ class LLMEngine:
             if config.enable_lora
             else None
         )
-        pool = size_kv_pool(config, self.loaded, self._make_backend)
+        pool = size_kv_pool(config, self.loaded, self._make_backend, tp=tp)
         if pool.max_model_len != self.loaded.max_model_len:
             self.loaded = self.loaded.with_max_model_len(pool.max_model_len)
         blocks = pool.blocks
@@ -111,9 +130,14 @@ class LLMEngine:
         )
         # Captured after the KV cache exists: the graphs record its addresses.
         graphs = build_decode_graphs(config, self.loaded, backend)
-        self.runner = ModelRunner(
-            self.loaded.model, backend, config.block_size, self.loaded.device, graphs, lora=self.loras
-        )
+        if tp is None:
+            self.runner = ModelRunner(
+                self.loaded.model, backend, config.block_size, self.loaded.device, graphs, lora=self.loras
+            )
+        else:
+            self.channel = StepChannel(tp, self.loaded.dtype)
+            self.runner = DriverRunner(self.loaded.model, backend, config.block_size, self.loaded.device)
+            self.runner.channel = self.channel
         # On by default where the device runs asynchronously (CUDA); on CPU there is nothing to overlap.
         overlap = config.overlap_schedule
         self.overlap = overlap if overlap is not None else self.loaded.device.type == "cuda"
@@ -134,6 +158,17 @@ class LLMEngine:
             think_start_token=config.think_start_token,
             think_end_token=config.think_end_token,
         )
+
+    def close(self, *, step_running: bool = False) -> None:
+        """Stop the other tensor-parallel ranks (no step may run after); nothing on one rank. They are
+        asked to leave, or killed when a step may still be running (`step_running`: a message now
+        would interleave with its collectives)."""
+        if self.ranks is None:
+            return
+        if step_running:
+            self.ranks.abandon()
+        else:
+            self.ranks.stop(self.channel.send_shutdown)
 
     def _make_backend(self, num_blocks: int) -> AttentionBackend:
         return self.loaded.make_backend(num_blocks, self.config.block_size, self.config.attention_backend)

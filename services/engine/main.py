@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
+import threading
 
 from services.engine.config import EngineConfig, kv_cache_memory_from_env
 from turnout.flag_parser import FlagParser
@@ -12,6 +14,10 @@ from turnout.flags import add_flags, config_kwargs
 from turnout.model_reference import resolve as resolve_model
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
+
+# After a tensor-parallel rank is lost, how long the graceful stop may take before the process exits anyway
+# (a collective on NCCL can wait forever for the dead rank).
+LOST_RANK_EXIT_S = 30.0
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -66,6 +72,9 @@ async def _serve(config: EngineConfig) -> None:
         )
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
+    ranks = engine.engine.ranks
+    if ranks is not None:
+        ranks.on_lost(_stop_serving)
     servicer = EngineServicer(engine.engine.loaded, engine, config)
     spec = ServiceSpec(
         name=engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
@@ -83,6 +92,19 @@ async def _serve(config: EngineConfig) -> None:
     await serve(
         config.address, specs, service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
     )
+    if ranks is not None and ranks.lost is not None:
+        raise SystemExit(f"turnout engine: {ranks.lost}")
+
+
+def _stop_serving(reason: str) -> None:
+    """A tensor-parallel rank is gone: no step can run any more. Stop as on SIGTERM (health NOT_SERVING,
+    so the router drops this engine; open calls end UNAVAILABLE), then exit non-zero (above), so a
+    supervisor restarts the engine with all its ranks; if the stop hangs, exit anyway."""
+    del reason  # logged by Ranks
+    os.kill(os.getpid(), signal.SIGTERM)
+    timer = threading.Timer(LOST_RANK_EXIT_S, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from services.engine.config import GENERATION_CONFIG_KEYS, EngineConfig
 from services.engine.kernels import triton_runs_on
 from services.engine.models.layers import enable_fused_kernels, pack_linears, use_cpu_kernels
 from services.engine.models.weights import build_model
+from services.engine.parallel.group import TensorParallel
 from turnout.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class LoadedModel:
     dtype: torch.dtype
     info: common_pb2.ModelInfo
     num_layers: int
-    num_kv_heads: int
+    num_kv_heads: int  # on this rank: the model's num_key_value_heads / --tensor-parallel-size
     head_dim: int
     # CUDA: device memory in use before this engine loaded its weights (other processes, the CUDA
     # context), so --gpu-memory-utilization can be this engine's share; None on CPU.
@@ -143,12 +144,13 @@ def cpu_has_bf16() -> bool:
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
-def load_model(config: EngineConfig) -> LoadedModel:
-    device = pick_device(config.device)
+def load_model(config: EngineConfig, tp: TensorParallel | None = None) -> LoadedModel:
+    """The model of `config`; with `tp`, this rank's shard of it, on the rank's device."""
+    device = tp.device if tp is not None else pick_device(config.device)
     declared = _read_json(config.model / "config.json")
     dtype = pick_dtype(config.dtype, device, declared.get("torch_dtype") or declared.get("dtype"))
     in_use_before = _device_bytes_in_use(device)
-    model, hf_config = build_model(config.model, dtype, device)
+    model, hf_config = build_model(config.model, dtype, device, tp)
     if device.type == "cuda":
         enable_fused_kernels(model)  # RMSNorm and rotary as Triton kernels; CPU keeps the torch ops
     elif device.type == "cpu":
@@ -177,13 +179,14 @@ def load_model(config: EngineConfig) -> LoadedModel:
     )
     log.info("model loaded", extra={"model": info.name, "device": str(device), "dtype": info.dtype})
     heads = int(hf_config.num_attention_heads)
+    ranks = tp.world_size if tp is not None else 1
     return LoadedModel(
         model=model,
         device=device,
         dtype=dtype,
         info=info,
         num_layers=int(hf_config.num_hidden_layers),
-        num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads),
+        num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads) // ranks,
         head_dim=int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads),
         device_bytes_in_use_before=in_use_before,
     )

@@ -177,6 +177,8 @@ def test_graphs_are_refused_off_cuda_for_unsafe_backends_and_when_disabled(tmp_p
     assert "TorchAttentionBackend" in str(decode_graphs_refusal(config, cuda, torch_backend))
     disabled = EngineConfig(model=config.model, disable_cuda_graph=True)
     assert decode_graphs_refusal(disabled, cuda, triton) == "--disable-cuda-graph"
+    parallel = EngineConfig(model=config.model, tensor_parallel_size=2)
+    assert "--tensor-parallel-size" in str(decode_graphs_refusal(parallel, cuda, triton))
 
 
 # -- padded eager runs on CPU -------------------------------------------------------------------

@@ -197,6 +197,8 @@ class Linear(nn.Linear):
     The plain weight stays the parameter (loading, tests, the reference path)."""
 
     cpu_weight: CpuWeight | None = None
+    # Tensor parallel: the dimension of each parameter split over the ranks (see parallel_layers.py).
+    shard_dims: dict[str, int] = {}  # replaced per instance, never mutated
     # Its LoRA weights in every adapter slot, set by services.engine.lora.manager when LoRA is on.
     lora: LoraWeights | None = None
 

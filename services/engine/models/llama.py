@@ -30,6 +30,8 @@ from services.engine.models.layers import (
     Rotation,
     rope_parameters,
 )
+from services.engine.models.parallel_layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from services.engine.parallel.group import TensorParallel, check_divisible
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,20 @@ def sliding_window_layers(config: Any) -> bool:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: DecoderSpec, layer_index: int) -> None:
+    def __init__(self, spec: DecoderSpec, layer_index: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.layer_index = layer_index
-        self.qkv_proj = QKVLinear(spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.qkv_bias)
-        self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=spec.o_bias)
+        n = tp.world_size if tp is not None else 1
+        # Tensor parallel: this rank's num_heads/N query and num_kv_heads/N KV heads (column-parallel).
+        self.qkv_proj = QKVLinear(
+            spec.hidden_size, spec.num_heads // n, spec.num_kv_heads // n, spec.head_dim, spec.qkv_bias
+        )
+        self.o_proj: Linear
+        if tp is None:
+            self.o_proj = Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=spec.o_bias)
+        else:
+            self.qkv_proj.shard_dims = {"weight": 0, "bias": 0}
+            self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias, tp)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
 
@@ -84,10 +95,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: DecoderSpec, layer_index: int) -> None:
+    def __init__(self, spec: DecoderSpec, layer_index: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(spec, layer_index)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias)
+        self.self_attn = LlamaAttention(spec, layer_index, tp)
+        n = tp.world_size if tp is not None else 1
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size // n, spec.mlp_bias)
+        if tp is not None:
+            # gate_up: this rank's rows of gate and of up (column-parallel); down: its columns (row-parallel).
+            self.mlp.gate_up_proj.shard_dims = {"weight": 0, "bias": 0}
+            self.mlp.down_proj = RowParallelLinear(spec.intermediate_size, spec.hidden_size, spec.mlp_bias, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -110,10 +126,15 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, spec: DecoderSpec) -> None:
+    def __init__(self, spec: DecoderSpec, tp: TensorParallel | None = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.tensor_parallel = tp is not None
+        self.embed_tokens: nn.Module = (
+            nn.Embedding(spec.vocab_size, spec.hidden_size)
+            if tp is None
+            else VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
+        )
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i, tp) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope)
 
@@ -130,6 +151,8 @@ class LlamaModel(nn.Module):
         layers = [cast(LlamaDecoderLayer, layer) for layer in self.layers]
         if kernels is None or not hasattr(kernels, "CpuDecoder") or not layers:
             return False
+        if self.tensor_parallel:
+            return False  # one C++ call runs every layer: no place for the ranks' all-reduces
         linears: list[Linear] = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -182,7 +205,8 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, tp: TensorParallel | None = None) -> None:
+        """`tp`: build this rank's shard of the model (tensor parallelism, see services/engine/parallel/)."""
         super().__init__()
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported yet (only 'silu')")
@@ -191,10 +215,18 @@ class LlamaForCausalLM(nn.Module):
                 f"sliding window attention is not supported yet (sliding_window={config.sliding_window}, "
                 f"max_position_embeddings={config.max_position_embeddings})"
             )
+        if tp is not None:
+            check_divisible(config, tp.world_size)
         self.spec = self.spec_from_config(config)
-        self.model = LlamaModel(self.spec)
+        self.tp = tp
+        self.model = LlamaModel(self.spec, tp)
         tied = self.model.embed_tokens if self.spec.tie_word_embeddings else None
-        self.lm_head = LMHead(self.spec.hidden_size, self.spec.vocab_size, tied)
+        self.lm_head: LMHead
+        if tp is None:
+            self.lm_head = LMHead(self.spec.hidden_size, self.spec.vocab_size, cast(nn.Embedding | None, tied))
+        else:
+            vocab_shard = cast(VocabParallelEmbedding | None, tied)
+            self.lm_head = ParallelLMHead(self.spec.hidden_size, self.spec.vocab_size, vocab_shard, tp)
 
     @classmethod
     def spec_from_config(cls, config: Any) -> DecoderSpec:

@@ -5,6 +5,11 @@ Our parameter names are the checkpoint's, except for fused projections: a
 v_proj.{weight,bias}` into consecutive row slices. The model is built on the
 meta device and every parameter is allocated once, in the target dtype on the
 target device, then filled tensor by tensor straight from the files.
+
+Tensor parallel (services/engine/parallel/): a module's `shard_dims` names the dimension of each
+parameter split over the ranks; each rank reads only its part of those tensors from the files
+(safetensors slices), and a fused projection's part i takes this rank's rows of checkpoint
+projection i.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -21,6 +27,7 @@ from transformers import AutoConfig, PretrainedConfig
 from services.engine.models.layers import MergedLinear
 from services.engine.models.llama import LlamaForCausalLM
 from services.engine.models.registry import model_class
+from services.engine.parallel.group import TensorParallel
 from turnout.logs import progress_bar
 
 SINGLE_FILE = "model.safetensors"
@@ -35,6 +42,8 @@ class Target:
 
     param: str
     rows: slice | None = None
+    # Tensor parallel: the checkpoint tensor's dimension split over the ranks (this rank reads its part).
+    shard_dim: int | None = None
 
 
 def checkpoint_files(folder: Path) -> dict[str, Path]:
@@ -56,17 +65,21 @@ def checkpoint_targets(model: nn.Module) -> dict[str, Target]:
     for module_name, module in model.named_modules():
         for param_name, _ in module.named_parameters(recurse=False):
             ours = f"{module_name}.{param_name}"
+            shard_dim = getattr(module, "shard_dims", {}).get(param_name)
             if isinstance(module, MergedLinear):
                 parent = module_name.rpartition(".")[0]
                 for i, shard in enumerate(module.shard_names):
-                    targets[f"{parent}.{shard}.{param_name}"] = Target(ours, module.shard_rows(i))
+                    targets[f"{parent}.{shard}.{param_name}"] = Target(ours, module.shard_rows(i), shard_dim)
             else:
-                targets[ours] = Target(ours)
+                targets[ours] = Target(ours, None, shard_dim)
     return targets
 
 
-def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
-    """Allocate every parameter in `dtype` on `device` and fill it from the checkpoint in `folder`.
+def load_weights(
+    model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None
+) -> None:
+    """Allocate every parameter in `dtype` on `device` and fill it from the checkpoint in `folder`
+    (with `tp`, this rank's shard of the split ones).
 
     Raises ValueError naming the missing and unexpected tensors (checked before any is read),
     or a tensor whose shape does not match."""
@@ -95,6 +108,9 @@ def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, devi
                     dest: torch.Tensor = params[target.param]
                     if target.rows is not None:
                         dest = dest[target.rows]
+                    if target.shard_dim is not None and tp is not None:
+                        _copy_shard(f.get_slice(name), dest, target.shard_dim, tp, f"weight {name} in {file.name}")
+                        continue
                     tensor = f.get_tensor(name)
                     if tensor.shape != dest.shape:
                         raise ValueError(
@@ -105,16 +121,37 @@ def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, devi
                     bar.update()
 
 
+def _copy_shard(source: Any, dest: torch.Tensor, dim: int, tp: TensorParallel, what: str) -> None:
+    """Read rank r's part [r * local, (r + 1) * local) of dimension `dim` of a checkpoint tensor
+    (`source`, a safetensors slice: only that part is read) into `dest`, whose `dim` is `local` long.
+    Past the tensor's end (the last rank of a padded vocabulary) dest is zeroed."""
+    shape = tuple(source.get_shape())
+    local, full = dest.shape[dim], shape[dim]
+    expected = (*dest.shape[:dim], full, *dest.shape[dim + 1 :])
+    if shape != expected or -(-full // tp.world_size) != local:
+        raise ValueError(
+            f"{what} has shape {shape}; rank {tp.rank} of {tp.world_size} expects its {tuple(dest.shape)} part of it"
+        )
+    start = tp.rank * local
+    count = max(0, min(local, full - start))
+    index = (slice(None),) * dim + (slice(start, start + count),)
+    if count:
+        dest.narrow(dim, 0, count).copy_(source[index])
+    if count < local:
+        dest.narrow(dim, count, local - count).zero_()
+
+
 def build_model(
-    folder: Path | str, dtype: torch.dtype, device: torch.device | str
+    folder: Path | str, dtype: torch.dtype, device: torch.device | str, tp: TensorParallel | None = None
 ) -> tuple[LlamaForCausalLM, PretrainedConfig]:
-    """Read config.json, construct the registered model class and load its weights; in eval mode."""
+    """Read config.json, construct the registered model class (with `tp`, this rank's shard of it) and
+    load its weights; in eval mode."""
     folder, device = Path(folder), torch.device(device)
     config = AutoConfig.from_pretrained(folder)  # parsing only: defaults and old/new field names
     cls = model_class(config)
     with torch.device("meta"):
-        model = cls(config)  # shapes only; load_weights allocates the real tensors
-    load_weights(model, folder, dtype, device)
+        model = cls(config, tp)  # shapes only; load_weights allocates the real tensors
+    load_weights(model, folder, dtype, device, tp)
     return model.eval(), config
 
 
