@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -74,7 +75,9 @@ class Sample:
 
 @dataclass(frozen=True)
 class Event:
-    """New output of one sample: a text delta with its token ids (and their logprobs), or its end."""
+    """New output of one sample: a text delta with its token ids (and their logprobs). The event with
+    `done` ends the sample and carries its last delta (the router's last chunk), which is empty only
+    when the sample ended without a last chunk to carry it."""
 
     sample: Sample
     text: str
@@ -99,6 +102,8 @@ class Generation:
             for i in range(count)
         ]
         self._closing = False
+        # A sample's last chunk, held until its Complete (the router's next message for it) arrives.
+        self._last_chunks: dict[int, Event] = {}
 
     @classmethod
     async def start(
@@ -143,7 +148,9 @@ class Generation:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    yield self._apply(prompt, item)
+                    event = self._apply(prompt, item)
+                    if event is not None:
+                        yield event
             unfinished = [s.index for s in self.samples if s.finish_reason is None]
             if unfinished:
                 raise HTTPError(502, f"the router ended the stream before samples {unfinished} finished")
@@ -175,7 +182,8 @@ class Generation:
         except Exception as exc:
             await queue.put((prompt, exc))
 
-    def _apply(self, prompt: int, response: inference_pb2.GenerateResponse) -> Event:
+    def _apply(self, prompt: int, response: inference_pb2.GenerateResponse) -> Event | None:
+        """Apply `response` to its sample; the event to show, or None for a last chunk (held)."""
         kind = response.WhichOneof("kind")
         part = response.chunk if kind == "chunk" else response.complete
         if part.index >= self._counts[prompt]:
@@ -202,7 +210,7 @@ class Generation:
             for delta in chunk.tool_calls:
                 _add_tool_call_delta(sample, delta)
             metrics.on_chunk(sample.index, len(chunk.token_ids))
-            return Event(
+            event = Event(
                 sample,
                 chunk.text,
                 chunk.token_ids,
@@ -211,6 +219,10 @@ class Generation:
                 reasoning_text=chunk.reasoning_text,
                 tool_calls=chunk.tool_calls,
             )
+            if chunk.last:
+                self._last_chunks[sample.index] = event
+                return None
+            return event
         complete = response.complete
         if complete.finish_reason.WhichOneof("kind") == "abort":
             raise GenerationAborted(complete.finish_reason.abort.message)
@@ -228,7 +240,10 @@ class Generation:
         sample.finished = time.monotonic()
         if sample.local_index == 0:
             metrics.on_prompt_done(sample.prompt_tokens)
-        return Event(sample, "", (), (), done=True)
+        last = self._last_chunks.pop(sample.index, None)
+        if last is None:
+            return Event(sample, "", (), (), done=True)
+        return dataclasses.replace(last, done=True)
 
 
 def _add_tool_call_delta(sample: Sample, delta: common_pb2.ToolCallDelta) -> None:

@@ -237,8 +237,8 @@ class _Samples:
         if chunk.index in self._ended:
             return
         text = await self._text(chunk.index).push(list(chunk.token_ids), last=False)
-        yield _chunk(chunk.index, text, chunk.token_ids, chunk.logprobs, chunk)
         matched = _matched(text)
+        yield _chunk(chunk.index, text, chunk.token_ids, chunk.logprobs, chunk, last=matched is not None)
         if matched is None:
             return
         self._ended.add(chunk.index)
@@ -272,7 +272,7 @@ class _Samples:
         if text.reasoning_tokens:
             usage.reasoning_tokens = text.reasoning_tokens
         if ids or text.text or text.reasoning_text or text.tool_calls:
-            yield _chunk(done.index, text, ids, done.logprobs, usage)
+            yield _chunk(done.index, text, ids, done.logprobs, usage, last=True)
         yield _complete(done.index, finish, usage, self._input_logprobs)
 
 
@@ -290,8 +290,10 @@ def _chunk(
     token_ids: object,
     logprobs: object,
     counts: engine_pb2.EngineChunk | common_pb2.Usage,
+    last: bool = False,
 ) -> inference_pb2.GenerateResponse:
-    """A chunk of one sample: the tokenizer's text, reasoning and tool calls, with the engine's tokens and counts."""
+    """A chunk of one sample: the tokenizer's text, reasoning and tool calls, with the engine's tokens and counts.
+    `last`: the sample's Complete is sent right after it."""
     return inference_pb2.GenerateResponse(
         chunk=inference_pb2.GenerateChunk(
             index=index,
@@ -304,6 +306,7 @@ def _chunk(
             prompt_tokens=counts.prompt_tokens,
             completion_tokens=counts.completion_tokens,
             cached_tokens=counts.cached_tokens,
+            last=last,
         )
     )
 
