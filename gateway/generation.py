@@ -54,6 +54,8 @@ class Sample:
     started: float
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    # The prompt's token ids, when the request asked for them (vLLM return_token_ids).
+    prompt_token_ids: list[int] = field(default_factory=list)
     # One per token id, when logprobs were asked for.
     logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
     # Prompt positions max(logprob_start_len, 1) .. prompt_len - 1; they come with the end of the sample.
@@ -102,6 +104,9 @@ class Generation:
             for i in range(count)
         ]
         self._closing = False
+        for sample in self.samples:
+            # Sent with the first response of the prompt's call, when the request asked for them.
+            sample.prompt_token_ids = list(firsts[sample.prompt].prompt_token_ids)
         # A sample's last chunk, held until its Complete (the router's next message for it) arrives.
         self._last_chunks: dict[int, Event] = {}
 

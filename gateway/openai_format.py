@@ -66,6 +66,12 @@ class View:
     named_tool: bool = False
     # stream_options.continuous_usage_stats: every chunk with a choice carries that choice's usage.
     continuous_usage: bool = False
+    # vLLM return_token_ids: the prompt's and the choices' token ids.
+    token_ids: bool = False
+
+    def body_token_ids(self, sample: Sample) -> dict[str, Any]:
+        """A whole choice's `token_ids` (null unless asked for, as vLLM's bodies show it)."""
+        return {"token_ids": list(sample.token_ids) if self.token_ids else None}
 
     def chunk_usage(self, sample: Sample) -> dict[str, Any]:
         """The `usage` field of a chunk about `sample`: nothing unless continuous usage was asked for."""
@@ -141,6 +147,9 @@ def completion_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[s
     for s in samples:
         text, logprobs = view.whole_choice(s)
         choice = {"index": s.index, "text": text, "logprobs": logprobs, **finish(s), "prompt_logprobs": None}
+        # vLLM puts the prompt's ids on each completions choice (a choice's prompt is its own).
+        choice["prompt_token_ids"] = s.prompt_token_ids if view.token_ids else None
+        choice.update(view.body_token_ids(s))
         if view.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(s.input_logprobs, view.prompt_logprobs)
         choices.append(choice)
@@ -156,11 +165,13 @@ def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, An
                 "message": assistant_message(s, view.echoes[0].text if view.echoes else "", view.named_tool),
                 "logprobs": view.chat_logprobs(s.logprobs),
                 **finish(s, view.named_tool),
+                **view.body_token_ids(s),
             }
         )
     body = {**head.fields("chat.completion"), "choices": choices, "usage": usage(samples, chat=True)}
-    # One prompt: vLLM puts its logprobs beside the choices (null when not asked for).
+    # One prompt: vLLM puts its logprobs and token ids beside the choices (null when not asked for).
     body["prompt_logprobs"] = None
+    body["prompt_token_ids"] = samples[0].prompt_token_ids if view.token_ids else None
     if view.prompt_logprobs is not None:
         # One prompt: vLLM puts its logprobs beside the choices.
         body["prompt_logprobs"] = prompt_logprobs(samples[0].input_logprobs, view.prompt_logprobs)
@@ -180,28 +191,40 @@ async def completion_chunks(
     # Characters of each choice's text sent so far: where the next chunk's text_offset starts.
     sent = {s.index: 0 for s in generation.samples}
 
+    # With return_token_ids (vLLM): a choice's first chunk has the prompt's ids, every chunk its own ids.
+    without_prompt_ids = {s.index for s in generation.samples} if view.token_ids else set()
+
     def chunk(
-        index: int, text: str, logprobs: dict[str, Any] | None, ending: dict[str, Any] = RUNNING
+        sample: Sample,
+        text: str,
+        logprobs: dict[str, Any] | None,
+        token_ids: Sequence[int],
+        ending: dict[str, Any] = RUNNING,
     ) -> dict[str, Any]:
-        choice = {"index": index, "text": text, "logprobs": logprobs, **ending}
-        return {**base, "choices": [choice], **view.chunk_usage(generation.samples[index])}
+        choice = {"index": sample.index, "text": text, "logprobs": logprobs, **ending}
+        if view.token_ids:
+            if sample.index in without_prompt_ids:
+                without_prompt_ids.discard(sample.index)
+                choice["prompt_token_ids"] = sample.prompt_token_ids
+            choice["token_ids"] = list(token_ids)
+        return {**base, "choices": [choice], **view.chunk_usage(sample)}
 
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
             s = event.sample
             if whole:
                 if event.done:
-                    yield chunk(s.index, *view.whole_choice(s), finish(s))
+                    yield chunk(s, *view.whole_choice(s), s.token_ids, finish(s))
                 continue
             prefix = view.echoes[s.prompt].text if s.index in unechoed else ""
             unechoed.discard(s.index)
             positions = event.logprobs if view.logprobs is not None else ()
-            shows = bool(prefix or event.text or positions)
+            shows = bool(prefix or event.text or positions or (view.token_ids and event.token_ids))
             if shows or event.done:
                 # The last token's chunk carries the finish reason (as in vLLM and SGLang); only a
                 # sample that ended without a last chunk gets one of its own, with no logprobs.
                 logprobs = view.completion_logprobs(positions, offset=sent[s.index] + len(prefix)) if shows else None
-                yield chunk(s.index, prefix + event.text, logprobs, finish(s) if event.done else RUNNING)
+                yield chunk(s, prefix + event.text, logprobs, event.token_ids, finish(s) if event.done else RUNNING)
                 sent[s.index] += len(prefix) + len(event.text)
     if include_usage:
         yield {**base, "choices": [], "usage": usage(generation.samples)}
@@ -215,7 +238,11 @@ async def chat_chunks(
         base["usage"] = None
 
     def chunk(
-        index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, ending: dict[str, Any] = RUNNING
+        index: int,
+        delta: dict[str, Any],
+        logprobs: dict[str, Any] | None = None,
+        ending: dict[str, Any] = RUNNING,
+        token_ids: Sequence[int] | None = None,
     ) -> dict[str, Any]:
         choice = {
             "index": index,
@@ -225,11 +252,17 @@ async def chat_chunks(
             "logprobs": logprobs,
             **ending,
         }
+        if view.token_ids and token_ids is not None:
+            choice["token_ids"] = list(token_ids)
         return {**base, "choices": [choice], **view.chunk_usage(generation.samples[index])}
 
     echo = view.echoes[0].text if view.echoes else ""
     for sample in generation.samples:
-        yield chunk(sample.index, {"role": "assistant", "content": ""})
+        role = chunk(sample.index, {"role": "assistant", "content": ""})
+        if view.token_ids and sample.index == 0:
+            # vLLM: the response's first chunk has the prompt's ids, beside the choices.
+            role["prompt_token_ids"] = sample.prompt_token_ids
+        yield role
         if echo:
             yield chunk(sample.index, {"content": echo})
     deltas = DeltaBuilder(stream_reasoning=view.stream_reasoning)
@@ -244,9 +277,9 @@ async def chat_chunks(
                 if not (delta or event.token_ids):
                     logprobs = None
                 empty = {"content": ""} if event.token_ids else {}
-                yield chunk(index, delta or empty, logprobs, finish(event.sample, view.named_tool))
-            elif delta or (logprobs is not None and event.logprobs):
-                # Tokens whose text is held back (stop-string matching) still show their logprobs.
-                yield chunk(index, delta or {"content": ""}, logprobs)
+                yield chunk(index, delta or empty, logprobs, finish(event.sample, view.named_tool), event.token_ids)
+            elif delta or ((logprobs is not None or view.token_ids) and event.token_ids):
+                # Tokens whose text is held back (stop-string matching) still show their logprobs and ids.
+                yield chunk(index, delta or {"content": ""}, logprobs, RUNNING, event.token_ids)
     if include_usage:
         yield {**base, "choices": [], "usage": usage(generation.samples, chat=True)}

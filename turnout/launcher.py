@@ -32,6 +32,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from services.engine.config import POLICIES as SCHEDULING_POLICIES
 from services.engine.config import add_limit_flags as add_engine_limit_flags
 from services.engine.config import limit_flag, request_limit_fields
 from services.router.config import POLICIES
@@ -161,6 +162,7 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     """The generation and runtime options of `turnout serve` passed on to every `turnout engine`."""
     flags: list[str] = []
     for name in (
+        "scheduling_policy",
         "max_model_len",
         "kv_cache_memory",
         "num_kv_blocks",
@@ -241,6 +243,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "replica i listens on that port + i (default: 1)",
     )
     parser.add_argument("--policy", default="cache_aware", choices=POLICIES, help="the router's routing policy")
+    parser.add_argument(
+        "--scheduling-policy",
+        default=None,
+        choices=SCHEDULING_POLICIES,
+        help="engine: fcfs, or priority (the request field `priority`, lower first); with fcfs a request "
+        "with a non-zero priority is refused (default: fcfs)",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument(

@@ -44,10 +44,12 @@ PROMPT_CONTEXT_TOKENS = 8
 
 
 def _stop_token_trimmed(finish: common_pb2.FinishReason, params: common_pb2.SamplingParams) -> bool:
-    """Whether the last token is a matched stop or EOS token whose text must not appear."""
+    """Whether the last token is a matched stop or EOS token whose text must not appear. A stop with
+    nothing matched is a grammar that ended, which it does on accepting its stop token (an EOS): that
+    token is no more text than a matched EOS (`skip_special_tokens: false` would show it)."""
     return (
         finish.WhichOneof("kind") == "stop"
-        and finish.stop.WhichOneof("matched") in ("token_id", "eos_token_id")
+        and finish.stop.WhichOneof("matched") in ("token_id", "eos_token_id", None)
         and not params.no_stop_trim
     )
 
@@ -123,10 +125,14 @@ async def _generate_once(
     # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
     # --tool-call-parser): learn that before the engine runs.
     await samples.open_first()
+    # The prompt's ids go with the first response only.
+    prompt_ids = list(input_ids) if request.return_prompt_token_ids else []
     if not ranking:
         async for response in samples.run(engine_request):
             if with_texts:
                 await _fill_texts(tokenizer, response)
+            response.prompt_token_ids.extend(prompt_ids)
+            prompt_ids = []
             yield response
         return
 
@@ -146,6 +152,8 @@ async def _generate_once(
                 del response.chunk.logprobs[:]
             if with_texts:
                 await _fill_texts(tokenizer, response)
+            response.prompt_token_ids.extend(prompt_ids)
+            prompt_ids = []
             yield response
 
 

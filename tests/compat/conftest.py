@@ -33,4 +33,4 @@ def compat_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="session")
 def client(compat_stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{compat_stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{compat_stack.base_url}/v1", api_key="unused", max_retries=0, timeout=300)

@@ -94,7 +94,7 @@ def test_stop_string_that_consumes_the_text_ends_with_an_empty_chunk(client: ope
 def test_every_chat_delta_has_the_reasoning_content_key(compat_stack: Stack) -> None:
     """SGLang clients read delta["reasoning_content"]; it is there (null) without reasoning too."""
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 5, "stream": True}
-    response = httpx.post(f"{compat_stack.base_url}/v1/chat/completions", json=body, timeout=60)
+    response = httpx.post(f"{compat_stack.base_url}/v1/chat/completions", json=body, timeout=300)
     chunks = _sse(response)
     assert chunks and all(c["choices"][0]["delta"]["reasoning_content"] is None for c in chunks)
 
@@ -102,8 +102,8 @@ def test_every_chat_delta_has_the_reasoning_content_key(compat_stack: Stack) -> 
 def test_native_generate_stream_ends_with_the_last_token(compat_stack: Stack) -> None:
     """SGLang's /generate stream: cumulative outputs, one per token, the last with the finish reason."""
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
-    whole = httpx.post(f"{compat_stack.base_url}/generate", json=body, timeout=60).json()
-    events = _sse(httpx.post(f"{compat_stack.base_url}/generate", json={**body, "stream": True}, timeout=60))
+    whole = httpx.post(f"{compat_stack.base_url}/generate", json=body, timeout=300).json()
+    events = _sse(httpx.post(f"{compat_stack.base_url}/generate", json={**body, "stream": True}, timeout=300))
     assert len(events) == 8
     assert [len(e["output_ids"]) for e in events] == list(range(1, 9))
     assert [e["meta_info"]["finish_reason"] for e in events[:-1]] == [None] * 7

@@ -36,10 +36,12 @@ async def test_chat_shape_and_messages(client: httpx.AsyncClient, fake_router: F
             "stop_reason": 2,
             # SGLang's matched_stop: what stop_reason says, the EOS id too.
             "matched_stop": 2,
+            # vLLM's return_token_ids: null unless asked for.
+            "token_ids": None,
         }
     ]
-    # vLLM's prompt_logprobs is always there, null unless asked for.
-    assert body["prompt_logprobs"] is None
+    # vLLM's prompt_logprobs and prompt_token_ids are always there, null unless asked for.
+    assert body["prompt_logprobs"] is None and body["prompt_token_ids"] is None
     assert body["usage"]["total_tokens"] == 8
     [sent] = fake_router.requests
     chat = sent.chat

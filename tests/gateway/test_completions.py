@@ -53,6 +53,9 @@ async def test_completion_shape_and_defaults(client: httpx.AsyncClient, fake_rou
             # SGLang's matched_stop; vLLM's prompt_logprobs, null unless asked for.
             "matched_stop": 2,
             "prompt_logprobs": None,
+            # vLLM's return_token_ids: null unless asked for.
+            "prompt_token_ids": None,
+            "token_ids": None,
         }
     ]
     assert body["usage"] == {

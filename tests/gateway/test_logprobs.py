@@ -123,7 +123,11 @@ async def test_echo_token_prompt_truncated(client: httpx.AsyncClient, fake_route
     body = (await client.post("/v1/completions", json=payload)).json()
     assert body["choices"][0]["text"] == "abHello world"
     [asked] = fake_router.detokenize_requests
-    assert list(asked.token_ids) == [A, B] and not asked.HasField("skip_special_tokens")
+    # Special tokens shown, as the echoed logprob tokens show them (vLLM).
+    assert list(asked.token_ids) == [A, B] and asked.HasField("skip_special_tokens")
+    assert not asked.skip_special_tokens
+    body = (await client.post("/v1/completions", json={"prompt": [BOS, A, B], "echo": True})).json()
+    assert body["choices"][0]["text"] == "<s>abHello world"
 
 
 async def test_echo_with_logprobs(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
