@@ -123,6 +123,8 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
         raise unsupported("return_hidden_states", _NO_HIDDEN_STATES)
     if req.return_routed_experts:
         raise unsupported("return_routed_experts", _NO_EXPERTS)
+    if req.routed_experts_start_len:
+        raise unsupported("routed_experts_start_len", _NO_EXPERTS)
 
     count = len(prompts)
     params = _per_prompt(req.sampling_params, count, "sampling_params")

@@ -344,3 +344,4 @@ class NativeGenerateRequest(_Body):
     # Known but not honoured: only "off" passes (see convert).
     return_hidden_states: bool | list[bool] | None = None
     return_routed_experts: bool | None = None
+    routed_experts_start_len: U32 | None = None

@@ -28,6 +28,7 @@ REFUSED = [
     ("/v1/completions", {"return_routed_experts": True}, "return_routed_experts"),
     ("/generate", {"return_hidden_states": True}, "return_hidden_states"),
     ("/generate", {"return_routed_experts": True}, "return_routed_experts"),
+    ("/generate", {"routed_experts_start_len": 4}, "routed_experts_start_len"),
     (
         "/v1/chat/completions",
         {"guided_json": {"type": "object"}, "guided_decoding_backend": "outlines"},
@@ -44,7 +45,7 @@ HARMLESS = [
     ("/v1/completions", {"use_beam_search": False, "length_penalty": 1.0, "early_stopping": False}),
     ("/v1/completions", {"prompt_logprobs": 1, "prompt_logprobs_temperature": 1.0}),
     ("/v1/chat/completions", {"return_hidden_states": False, "return_routed_experts": False}),
-    ("/generate", {"return_hidden_states": False, "return_routed_experts": False}),
+    ("/generate", {"return_hidden_states": False, "return_routed_experts": False, "routed_experts_start_len": 0}),
     ("/v1/chat/completions", {"guided_choice": ["yes", "no"], "guided_decoding_backend": "xgrammar"}),
     ("/v1/completions", {"guided_choice": ["yes", "no"], "guided_decoding_backend": "auto"}),
     ("/v1/completions", {"guided_choice": ["yes", "no"], "guided_decoding_backend": "xgrammar:disable-any-whitespace"}),
