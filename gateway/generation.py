@@ -105,8 +105,10 @@ class Generation:
         ]
         self._closing = False
         for sample in self.samples:
-            # Sent with the first response of the prompt's call, when the request asked for them.
-            sample.prompt_token_ids = list(firsts[sample.prompt].prompt_token_ids)
+            # Sent with the first response of the prompt's call, when the request asked for them (a call
+            # that ended at once has none, and fails as a sample that never finished).
+            first = firsts[sample.prompt]
+            sample.prompt_token_ids = [] if first is aio.EOF else list(first.prompt_token_ids)
         # A sample's last chunk, held until its Complete (the router's next message for it) arrives.
         self._last_chunks: dict[int, Event] = {}
 

@@ -93,7 +93,7 @@ def test_required_tool_choice_with_local_defs(client: openai.OpenAI) -> None:
         messages=[{"role": "user", "content": "Add Ann, who lives in Paris."}],
         tools=tools,
         tool_choice="required",
-        max_tokens=80,
+        max_tokens=60,
         temperature=0,
     )
     calls = reply.choices[0].message.tool_calls

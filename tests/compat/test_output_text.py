@@ -39,7 +39,11 @@ def test_echo_of_token_ids_keeps_special_tokens_in_text_and_logprobs(
     client: openai.OpenAI, default_model_dir: Any
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(prompt[0]) == "<|im_start|>"
     reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=0)
     choice = reply.choices[0]
     assert choice.logprobs is not None and choice.logprobs.tokens is not None

@@ -249,3 +249,13 @@ async def test_finish_reason_rides_on_the_last_chunk(
     events = sse_events((await client.post(route, json={**body, "stream": True})).text)
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
     assert events[-1]["choices"][0].get("text", "") == "" and events[-2]["choices"][0]["finish_reason"] is None
+
+
+async def test_a_router_stream_without_responses_is_a_502(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    async def nothing(request: Any, context: Any) -> Any:
+        return
+        yield
+
+    fake_router.script = nothing
+    reply = await client.post("/v1/completions", json={"prompt": "Say hi", "return_token_ids": True})
+    assert reply.status_code == 502 and "before samples [0] finished" in reply.json()["error"]["message"]
