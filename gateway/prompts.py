@@ -41,12 +41,13 @@ def starts_at_zero(request: inference_pb2.GenerateRequest) -> bool:
 
 
 async def _text(client: RouterClient, request: inference_pb2.GenerateRequest) -> str:
-    """A token-id prompt decoded with its special tokens, as vLLM echoes it: the logprob tokens and
-    text offsets of the echoed prompt show them too, so the text and the offsets agree."""
+    """A token-id prompt decoded with its special tokens and nothing between them, as vLLM echoes it
+    (`tokenizer.decode(ids)`): the echoed prompt's logprob tokens are these pieces, so the text is
+    them joined and their text offsets agree with it."""
     if request.WhichOneof("input") == "text":
         return request.text
     ids = _truncated(list(request.input_ids.ids), request.sampling_params)
-    return await client.detokenize(request.model, ids, skip_special_tokens=False)
+    return await client.detokenize(request.model, ids, skip_special_tokens=False, spaces_between_special_tokens=False)
 
 
 async def _first_token(

@@ -52,4 +52,4 @@ def test_echo_of_token_ids_keeps_special_tokens_in_text_and_logprobs(
     assert choice.text == "".join(choice.logprobs.tokens)
     for token, offset in zip(choice.logprobs.tokens, choice.logprobs.text_offset, strict=True):
         assert choice.text[offset : offset + len(token)] == token
-    assert choice.text.startswith("<|im_start|>user")
+    assert choice.text.startswith("<|im_start|>system\n")

@@ -126,6 +126,7 @@ async def test_echo_token_prompt_truncated(client: httpx.AsyncClient, fake_route
     # Special tokens shown, as the echoed logprob tokens show them (vLLM).
     assert list(asked.token_ids) == [A, B] and asked.HasField("skip_special_tokens")
     assert not asked.skip_special_tokens
+    assert asked.HasField("spaces_between_special_tokens") and not asked.spaces_between_special_tokens
     body = (await client.post("/v1/completions", json={"prompt": [BOS, A, B], "echo": True})).json()
     assert body["choices"][0]["text"] == "<s>abHello world"
 
