@@ -3,8 +3,9 @@ whole (a response body) or as stream deltas.
 
 The router sends the answer's text, the separated thinking text and tool-call
 deltas apart (docs/reasoning.md, docs/structured-outputs.md). Bodies show
-`content: null` when the answer is only tool calls, as OpenAI does, and
-`reasoning_content` only when there was thinking text. Stream
+`content: null` when the answer is only tool calls, as OpenAI does (`""` when the
+request named the function, as vLLM does), and `reasoning_content` null when there
+was no thinking text. Stream
 deltas carry each part as it comes; with `stream_reasoning: false` a choice's
 thinking text is held and sent in one delta when its answer (or its end) begins.
 """
@@ -17,13 +18,16 @@ from gateway.generation import Event, Sample
 from turnout.v1 import common_pb2
 
 
-def assistant_message(sample: Sample, echo: str = "", role: str = "assistant") -> dict[str, Any]:
+def assistant_message(
+    sample: Sample, echo: str = "", role: str = "assistant", named_tool: bool = False
+) -> dict[str, Any]:
     """`echo`: vLLM's chat echo, the last (assistant) message's content leading the reply; `role`:
-    the reply's (--response-role)."""
+    the reply's (--response-role). `named_tool`: the request named the function, whose call vLLM
+    answers with content "" (not null)."""
     text = echo + sample.text
-    message: dict[str, Any] = {"role": role, "content": text}
+    message: dict[str, Any] = {"role": role, "content": text, "reasoning_content": None}
     if sample.tool_calls:
-        message["content"] = text or None
+        message["content"] = text or ("" if named_tool else None)
         message["tool_calls"] = [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
             for call in sample.tool_calls

@@ -23,7 +23,7 @@ from gateway.protocol import (
     NativeSamplingParams,
     OpenAIRequest,
 )
-from gateway.sampling import native_logprobs, openai_logprobs, sampling_params
+from gateway.sampling import logprob_count, native_logprobs, openai_logprobs, sampling_params
 from gateway.structured_outputs import native_structured_output, openai_structured_output
 from gateway.thinking import apply_thinking, thinking_budget
 from gateway.tool_calling import apply_tools
@@ -41,13 +41,10 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
     if req.stream and req.best_of is not None and req.best_of > (req.n or 1):
         raise invalid_request("'best_of' greater than 'n' cannot be streamed", "best_of")
     max_tokens = req.max_tokens if "max_tokens" in req.model_fields_set else COMPLETIONS_DEFAULT_MAX_TOKENS
-    sampling = _openai_sampling(req, max_tokens, thinking_budget(req, req.custom_params))
-    if req.best_of is not None:
-        sampling.best_of = req.best_of
     logprobs = openai_logprobs(
         sampled=req.logprobs is not None,
-        top_n=req.logprobs,
-        prompt_top_n=req.prompt_logprobs,
+        top_n=logprob_count(req.logprobs),
+        prompt_top_n=logprob_count(req.prompt_logprobs),
         echo=bool(req.echo),
         as_token_ids=bool(req.return_tokens_as_token_ids),
     )
@@ -61,9 +58,13 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
         prompts = [req.prompt]  # type: ignore[list-item]  # a list of token ids is one prompt
     else:
         prompts = req.prompt  # type: ignore[assignment]
+    custom_params = _per_prompt(req.custom_params, len(prompts), "custom_params")
     out = []
     for i, prompt in enumerate(prompts):
         rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+        sampling = _openai_sampling(req, max_tokens, thinking_budget(req, custom_params[i]), custom_params[i])
+        if req.best_of is not None:
+            sampling.best_of = req.best_of
         msg = _base_request(rid, req.model, req.add_special_tokens, req.priority, sampling, logprobs)
         if isinstance(prompt, str):
             msg.text = prompt
@@ -71,6 +72,7 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
             raise invalid_request(f"'prompt[{i}]' must not be empty", "prompt")
         else:
             msg.input_ids.ids.extend(prompt)
+        msg.return_prompt_token_ids = bool(req.return_token_ids)
         out.append(msg)
     return out
 
@@ -82,15 +84,17 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = openai_logprobs(
         sampled=bool(req.logprobs),
-        top_n=req.top_logprobs,
-        prompt_top_n=req.prompt_logprobs,
+        top_n=logprob_count(req.top_logprobs),
+        prompt_top_n=logprob_count(req.prompt_logprobs),
         echo=False,
         as_token_ids=bool(req.return_tokens_as_token_ids),
     )
-    budget = thinking_budget(req, req.custom_params, req.reasoning_effort)
-    sampling = _openai_sampling(req, max_tokens, budget)
+    [custom_params] = _per_prompt(req.custom_params, 1, "custom_params")
+    budget = thinking_budget(req, custom_params, req.reasoning_effort)
+    sampling = _openai_sampling(req, max_tokens, budget, custom_params)
     msg = _base_request(request_id, req.model, req.add_special_tokens, req.priority, sampling, logprobs)
     msg.separate_reasoning = req.separate_reasoning is not False
+    msg.return_prompt_token_ids = bool(req.return_token_ids)
     fill_chat_input(msg.chat, req.messages, req)
     for document in req.documents or []:
         msg.chat.options.documents.add().update(document)
@@ -114,6 +118,13 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
             raise invalid_request("'input_ids' must not be empty", "input_ids")
     if not prompts:
         raise invalid_request("the batch of prompts must not be empty", "text" if req.text is not None else "input_ids")
+    hidden = req.return_hidden_states
+    if hidden is True or (isinstance(hidden, list) and any(hidden)):
+        raise unsupported("return_hidden_states", _NO_HIDDEN_STATES)
+    if req.return_routed_experts:
+        raise unsupported("return_routed_experts", _NO_EXPERTS)
+    if req.routed_experts_start_len:
+        raise unsupported("routed_experts_start_len", _NO_EXPERTS)
 
     count = len(prompts)
     params = _per_prompt(req.sampling_params, count, "sampling_params")
@@ -135,11 +146,12 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
     processors = _per_prompt(req.custom_logit_processor, count, "custom_logit_processor")
     adapters = _per_prompt(req.lora_path, count, "lora_path")
     out = []
-    for prompt, sp, rid, options, processor, adapter in zip(
-        prompts, params, rids, logprobs, processors, adapters, strict=True
+    for i, (prompt, sp, rid, options, processor, adapter) in enumerate(
+        zip(prompts, params, rids, logprobs, processors, adapters, strict=True)
     ):
         add_special_tokens = sp.add_special_tokens if sp is not None else None
-        sampling = _native_sampling(sp, processor)
+        custom_params = None if sp is None else _per_prompt(sp.custom_params, count, "sampling_params.custom_params")[i]
+        sampling = _native_sampling(sp, processor, custom_params)
         msg = _base_request(rid or "", req.model, add_special_tokens, req.priority, sampling, native_logprobs(*options))
         msg.lora_name = adapter or ""
         if isinstance(prompt, str):
@@ -158,9 +170,27 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
     return value
 
 
+# Why each peer field we know but do not honour is refused (any value but its "off" one).
+_BEAM_SEARCH = "applies to beam search, which is not supported"
+_NO_HIDDEN_STATES = "is not supported: the engine does not return hidden states"
+_NO_EXPERTS = "is not supported: no served model is a mixture of experts"
+
+
 def _refuse_openai(req: OpenAIRequest) -> None:
     if req.use_beam_search:
-        raise unsupported("use_beam_search")
+        raise unsupported("use_beam_search", "is not supported: no beam search")
+    if req.length_penalty not in (None, 1.0):
+        raise unsupported("length_penalty", _BEAM_SEARCH)
+    if req.early_stopping not in (None, False):
+        raise unsupported("early_stopping", _BEAM_SEARCH)
+    if req.prompt_logprobs_temperature not in (None, 1.0):
+        raise unsupported(
+            "prompt_logprobs_temperature", "is not supported: prompt logprobs are taken at temperature 1.0"
+        )
+    if req.return_hidden_states:
+        raise unsupported("return_hidden_states", _NO_HIDDEN_STATES)
+    if req.return_routed_experts:
+        raise unsupported("return_routed_experts", _NO_EXPERTS)
     if req.stream_options is not None and not req.stream:
         raise invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     # The prompt's logprobs come with the end of a sample; vLLM has no streamed form for them either.
@@ -196,15 +226,19 @@ def _base_request(
     return msg
 
 
-def _openai_sampling(req: OpenAIRequest, max_tokens: int | None, budget: int | None) -> common_pb2.SamplingParams:
+def _openai_sampling(
+    req: OpenAIRequest, max_tokens: int | None, budget: int | None, custom_params: dict[str, Any] | None
+) -> common_pb2.SamplingParams:
     no_stop_trim = req.include_stop_str_in_output if req.include_stop_str_in_output is not None else req.no_stop_trim
     sp = sampling_params(req, max_new_tokens=max_tokens, min_new_tokens=req.min_tokens, no_stop_trim=no_stop_trim)
     openai_structured_output(req).apply(sp)
-    apply_thinking(sp, budget, req.custom_logit_processor, req.custom_params)
+    apply_thinking(sp, budget, req.custom_logit_processor, custom_params)
     return sp
 
 
-def _native_sampling(params: NativeSamplingParams | None, processor: str | None) -> common_pb2.SamplingParams:
+def _native_sampling(
+    params: NativeSamplingParams | None, processor: str | None, custom_params: dict[str, Any] | None
+) -> common_pb2.SamplingParams:
     if params is None:
         sp = common_pb2.SamplingParams(max_new_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS)
         apply_thinking(sp, None, processor, None)
@@ -216,8 +250,8 @@ def _native_sampling(params: NativeSamplingParams | None, processor: str | None)
         params, "sampling_params.", max_new_tokens=max_new_tokens, min_new_tokens=params.min_new_tokens
     )
     native_structured_output(params).apply(sp)
-    budget = thinking_budget(params, params.custom_params, prefix="sampling_params.")
-    apply_thinking(sp, budget, processor, params.custom_params)
+    budget = thinking_budget(params, custom_params, prefix="sampling_params.")
+    apply_thinking(sp, budget, processor, custom_params)
     return sp
 
 

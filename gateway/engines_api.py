@@ -31,6 +31,7 @@ def engine_json(status: router_admin_pb2.EngineStatus) -> dict[str, Any]:
         "running_requests": status.running_requests,
         "waiting_requests": status.waiting_requests,
         "kv_cache_usage": round(status.kv_cache_usage, 4),
+        "kv_cache_capacity_tokens": status.kv_cache_capacity_tokens,
         "requests_total": status.requests_total,
         "failures_total": status.failures_total,
         "retried_total": status.retried_total,

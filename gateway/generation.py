@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ class Sample:
     started: float
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    # The prompt's token ids, when the request asked for them (vLLM return_token_ids).
+    prompt_token_ids: list[int] = field(default_factory=list)
     # One per token id, when logprobs were asked for.
     logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
     # Prompt positions max(logprob_start_len, 1) .. prompt_len - 1; they come with the end of the sample.
@@ -74,7 +77,9 @@ class Sample:
 
 @dataclass(frozen=True)
 class Event:
-    """New output of one sample: a text delta with its token ids (and their logprobs), or its end."""
+    """New output of one sample: a text delta with its token ids (and their logprobs). The event with
+    `done` ends the sample and carries its last delta (the router's last chunk), which is empty only
+    when the sample ended without a last chunk to carry it."""
 
     sample: Sample
     text: str
@@ -99,6 +104,13 @@ class Generation:
             for i in range(count)
         ]
         self._closing = False
+        for sample in self.samples:
+            # Sent with the first response of the prompt's call, when the request asked for them (a call
+            # that ended at once has none, and fails as a sample that never finished).
+            first = firsts[sample.prompt]
+            sample.prompt_token_ids = [] if first is aio.EOF else list(first.prompt_token_ids)
+        # A sample's last chunk, held until its Complete (the router's next message for it) arrives.
+        self._last_chunks: dict[int, Event] = {}
 
     @classmethod
     async def start(
@@ -143,7 +155,9 @@ class Generation:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    yield self._apply(prompt, item)
+                    event = self._apply(prompt, item)
+                    if event is not None:
+                        yield event
             unfinished = [s.index for s in self.samples if s.finish_reason is None]
             if unfinished:
                 raise HTTPError(502, f"the router ended the stream before samples {unfinished} finished")
@@ -175,7 +189,8 @@ class Generation:
         except Exception as exc:
             await queue.put((prompt, exc))
 
-    def _apply(self, prompt: int, response: inference_pb2.GenerateResponse) -> Event:
+    def _apply(self, prompt: int, response: inference_pb2.GenerateResponse) -> Event | None:
+        """Apply `response` to its sample; the event to show, or None for a last chunk (held)."""
         kind = response.WhichOneof("kind")
         part = response.chunk if kind == "chunk" else response.complete
         if part.index >= self._counts[prompt]:
@@ -202,7 +217,7 @@ class Generation:
             for delta in chunk.tool_calls:
                 _add_tool_call_delta(sample, delta)
             metrics.on_chunk(sample.index, len(chunk.token_ids))
-            return Event(
+            event = Event(
                 sample,
                 chunk.text,
                 chunk.token_ids,
@@ -211,6 +226,10 @@ class Generation:
                 reasoning_text=chunk.reasoning_text,
                 tool_calls=chunk.tool_calls,
             )
+            if chunk.last:
+                self._last_chunks[sample.index] = event
+                return None
+            return event
         complete = response.complete
         if complete.finish_reason.WhichOneof("kind") == "abort":
             raise GenerationAborted(complete.finish_reason.abort.message)
@@ -228,7 +247,10 @@ class Generation:
         sample.finished = time.monotonic()
         if sample.local_index == 0:
             metrics.on_prompt_done(sample.prompt_tokens)
-        return Event(sample, "", (), (), done=True)
+        last = self._last_chunks.pop(sample.index, None)
+        if last is None:
+            return Event(sample, "", (), (), done=True)
+        return dataclasses.replace(last, done=True)
 
 
 def _add_tool_call_delta(sample: Sample, delta: common_pb2.ToolCallDelta) -> None:

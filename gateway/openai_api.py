@@ -19,6 +19,7 @@ from gateway.openai_format import Head, View, chat_body, chat_chunks, completion
 from gateway.prompts import Prompt, look_up
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 from gateway.router_client import router_of
+from gateway.sampling import logprob_count
 from turnout.v1 import common_pb2, inference_pb2
 
 router = APIRouter()
@@ -76,9 +77,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     messages = convert.completion_requests(body, chosen)
     check_batch_size(request, len(messages), "prompt")
     view = View(
-        logprobs=body.logprobs,
+        logprobs=logprob_count(body.logprobs),
         as_token_ids=bool(body.return_tokens_as_token_ids),
-        prompt_logprobs=body.prompt_logprobs,
+        token_ids=bool(body.return_token_ids),
+        prompt_logprobs=logprob_count(body.prompt_logprobs),
         continuous_usage=_continuous_usage(body),
     )
     return await _respond(
@@ -93,9 +95,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     message = convert.chat_request(body, chosen)
     echo = convert.chat_echo(body)
     view = View(
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        logprobs=(logprob_count(body.top_logprobs) or 0) if body.logprobs else None,
         as_token_ids=bool(body.return_tokens_as_token_ids),
-        prompt_logprobs=body.prompt_logprobs,
+        token_ids=bool(body.return_token_ids),
+        prompt_logprobs=logprob_count(body.prompt_logprobs),
         stream_reasoning=body.stream_reasoning is not False,
         named_tool=message.tool_calling.mode == common_pb2.ToolCalling.NAMED,
         echoes=[Prompt(text=echo)] if echo else (),

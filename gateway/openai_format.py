@@ -2,7 +2,9 @@
 
 Streams follow OpenAI's rules: text deltas as they come (empty ones, while the
 router holds text back for stop-string matching, are not sent); exactly one
-chunk per choice with a non-null `finish_reason`; chat's first delta of every
+chunk per choice with a non-null `finish_reason`, the chunk of its last token
+(as vLLM and SGLang: `max_tokens=50` gives 50 chunks), or a chunk of its own
+only when the sample ended without a last token to carry it; chat's first delta of every
 choice is `{"role": "assistant", "content": ""}`; with
 `stream_options.include_usage` every chunk has `"usage": null` and one last
 chunk has `"choices": []` and the usage; with `continuous_usage_stats` as well,
@@ -66,6 +68,12 @@ class View:
     continuous_usage: bool = False
     # Chat: the role of the reply message (--response-role).
     role: str = "assistant"
+    # vLLM return_token_ids: the prompt's and the choices' token ids.
+    token_ids: bool = False
+
+    def body_token_ids(self, sample: Sample) -> dict[str, Any]:
+        """A whole choice's `token_ids` (null unless asked for, as vLLM's bodies show it)."""
+        return {"token_ids": list(sample.token_ids) if self.token_ids else None}
 
     def chunk_usage(self, sample: Sample) -> dict[str, Any]:
         """The `usage` field of a chunk about `sample`: nothing unless continuous usage was asked for."""
@@ -94,19 +102,24 @@ class View:
         return echo.text + sample.text, logprobs
 
 
-def finish(sample: Sample, named_tool: bool = False) -> tuple[str, int | str | None]:
-    """OpenAI `finish_reason` and vLLM `stop_reason`: the matched stop token id, string or regex
-    pattern; null for the model's EOS, for length and for a finished grammar. A sample that
-    stopped after calling tools says "tool_calls", unless the request named the function."""
+# The ending fields of a choice that has not finished.
+RUNNING: dict[str, Any] = {"finish_reason": None, "stop_reason": None, "matched_stop": None}
+
+
+def finish(sample: Sample, named_tool: bool = False) -> dict[str, Any]:
+    """The ending fields of a finished choice: OpenAI `finish_reason`; vLLM `stop_reason`, the
+    matched stop token id, string or regex pattern (null for the model's EOS, for length and for a
+    finished grammar); SGLang `matched_stop`, the same but the EOS id too. A sample that stopped
+    after calling tools says "tool_calls", unless the request named the function."""
     reason = sample.finish_reason
     assert reason is not None, "only finished samples have a finish reason"
     if reason.WhichOneof("kind") == "length":
-        return "length", None
+        return {**RUNNING, "finish_reason": "length"}
     stopped = "tool_calls" if sample.tool_calls and not named_tool else "stop"
-    matched = reason.stop.WhichOneof("matched")
-    if matched is None or matched == "eos_token_id":
-        return stopped, None
-    return stopped, getattr(reason.stop, matched)
+    kind = reason.stop.WhichOneof("matched")
+    matched = getattr(reason.stop, kind) if kind is not None else None
+    stop_reason = None if kind == "eos_token_id" else matched
+    return {"finish_reason": stopped, "stop_reason": stop_reason, "matched_stop": matched}
 
 
 def usage(samples: Sequence[Sample], *, chat: bool = False) -> dict[str, Any]:
@@ -138,14 +151,10 @@ def completion_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[s
     choices = []
     for s in samples:
         text, logprobs = view.whole_choice(s)
-        finish_reason, stop_reason = finish(s)
-        choice = {
-            "index": s.index,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
+        choice = {"index": s.index, "text": text, "logprobs": logprobs, **finish(s), "prompt_logprobs": None}
+        # vLLM puts the prompt's ids on each completions choice (a choice's prompt is its own).
+        choice["prompt_token_ids"] = s.prompt_token_ids if view.token_ids else None
+        choice.update(view.body_token_ids(s))
         if view.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(s.input_logprobs, view.prompt_logprobs)
         choices.append(choice)
@@ -155,17 +164,21 @@ def completion_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[s
 def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, Any]:
     choices = []
     for s in samples:
-        finish_reason, stop_reason = finish(s, view.named_tool)
         choices.append(
             {
                 "index": s.index,
-                "message": assistant_message(s, view.echoes[0].text if view.echoes else "", view.role),
+                "message": assistant_message(
+                    s, view.echoes[0].text if view.echoes else "", view.role, named_tool=view.named_tool
+                ),
                 "logprobs": view.chat_logprobs(s.logprobs),
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
+                **finish(s, view.named_tool),
+                **view.body_token_ids(s),
             }
         )
     body = {**head.fields("chat.completion"), "choices": choices, "usage": usage(samples, chat=True)}
+    # One prompt: vLLM puts its logprobs and token ids beside the choices (null when not asked for).
+    body["prompt_logprobs"] = None
+    body["prompt_token_ids"] = samples[0].prompt_token_ids if view.token_ids else None
     if view.prompt_logprobs is not None:
         # One prompt: vLLM puts its logprobs beside the choices.
         body["prompt_logprobs"] = prompt_logprobs(samples[0].input_logprobs, view.prompt_logprobs)
@@ -185,39 +198,41 @@ async def completion_chunks(
     # Characters of each choice's text sent so far: where the next chunk's text_offset starts.
     sent = {s.index: 0 for s in generation.samples}
 
+    # With return_token_ids (vLLM): a choice's first chunk has the prompt's ids, every chunk its own ids.
+    without_prompt_ids = {s.index for s in generation.samples} if view.token_ids else set()
+
     def chunk(
-        index: int,
+        sample: Sample,
         text: str,
         logprobs: dict[str, Any] | None,
-        finish_reason: str | None = None,
-        stop_reason: int | str | None = None,
+        token_ids: Sequence[int],
+        ending: dict[str, Any] = RUNNING,
     ) -> dict[str, Any]:
-        choice = {
-            "index": index,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
-        return {**base, "choices": [choice], **view.chunk_usage(generation.samples[index])}
+        choice = {"index": sample.index, "text": text, "logprobs": logprobs, **ending}
+        if view.token_ids:
+            if sample.index in without_prompt_ids:
+                without_prompt_ids.discard(sample.index)
+                choice["prompt_token_ids"] = sample.prompt_token_ids
+            choice["token_ids"] = list(token_ids)
+        return {**base, "choices": [choice], **view.chunk_usage(sample)}
 
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
             s = event.sample
             if whole:
                 if event.done:
-                    yield chunk(s.index, *view.whole_choice(s))
-                    yield chunk(s.index, "", None, *finish(s))
+                    yield chunk(s, *view.whole_choice(s), s.token_ids, finish(s))
                 continue
             prefix = view.echoes[s.prompt].text if s.index in unechoed else ""
             unechoed.discard(s.index)
             positions = event.logprobs if view.logprobs is not None else ()
-            if prefix or event.text or positions:
-                logprobs = view.completion_logprobs(positions, offset=sent[s.index] + len(prefix))
-                yield chunk(s.index, prefix + event.text, logprobs)
+            shows = bool(prefix or event.text or positions or (view.token_ids and event.token_ids))
+            if shows or event.done:
+                # The last token's chunk carries the finish reason (as in vLLM and SGLang); only a
+                # sample that ended without a last chunk gets one of its own, with no logprobs.
+                logprobs = view.completion_logprobs(positions, offset=sent[s.index] + len(prefix)) if shows else None
+                yield chunk(s, prefix + event.text, logprobs, event.token_ids, finish(s) if event.done else RUNNING)
                 sent[s.index] += len(prefix) + len(event.text)
-            if event.done:
-                yield chunk(s.index, "", None, *finish(s))
     if include_usage:
         yield {**base, "choices": [], "usage": usage(generation.samples)}
 
@@ -233,21 +248,28 @@ async def chat_chunks(
         index: int,
         delta: dict[str, Any],
         logprobs: dict[str, Any] | None = None,
-        finish_reason: str | None = None,
-        stop_reason: int | str | None = None,
+        ending: dict[str, Any] = RUNNING,
+        token_ids: Sequence[int] | None = None,
     ) -> dict[str, Any]:
         choice = {
             "index": index,
-            "delta": delta,
+            # SGLang's deltas always carry the reasoning_content key (null when there is none); vLLM's
+            # omit it, which no client needs: every delta has it (docs/api.md).
+            "delta": {"reasoning_content": None, **delta},
             "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
+            **ending,
         }
+        if view.token_ids and token_ids is not None:
+            choice["token_ids"] = list(token_ids)
         return {**base, "choices": [choice], **view.chunk_usage(generation.samples[index])}
 
     echo = view.echoes[0].text if view.echoes else ""
     for sample in generation.samples:
-        yield chunk(sample.index, {"role": view.role, "content": ""})
+        role = chunk(sample.index, {"role": view.role, "content": ""})
+        if view.token_ids and sample.index == 0:
+            # vLLM: the response's first chunk has the prompt's ids, beside the choices.
+            role["prompt_token_ids"] = sample.prompt_token_ids
+        yield role
         if echo:
             yield chunk(sample.index, {"content": echo})
     deltas = DeltaBuilder(stream_reasoning=view.stream_reasoning)
@@ -255,12 +277,16 @@ async def chat_chunks(
         async for event in events:
             delta = deltas.of(event)
             index = event.sample.index
+            logprobs = view.chat_logprobs(event.logprobs)
             if event.done:
-                if delta:
-                    yield chunk(index, delta)
-                yield chunk(index, {}, None, *finish(event.sample, view.named_tool))
-            elif delta or (view.logprobs is not None and event.logprobs):
-                # Tokens whose text is held back (stop-string matching) still show their logprobs.
-                yield chunk(index, delta or {"content": ""}, view.chat_logprobs(event.logprobs))
+                # The last token's chunk carries the finish reason; only a sample that ended without a
+                # last chunk gets one of its own, with no logprobs.
+                if not (delta or event.token_ids):
+                    logprobs = None
+                empty = {"content": ""} if event.token_ids else {}
+                yield chunk(index, delta or empty, logprobs, finish(event.sample, view.named_tool), event.token_ids)
+            elif delta or ((logprobs is not None or view.token_ids) and event.token_ids):
+                # Tokens whose text is held back (stop-string matching) still show their logprobs and ids.
+                yield chunk(index, delta or {"content": ""}, logprobs, RUNNING, event.token_ids)
     if include_usage:
         yield {**base, "choices": [], "usage": usage(generation.samples, chat=True)}

@@ -41,11 +41,13 @@ def starts_at_zero(request: inference_pb2.GenerateRequest) -> bool:
 
 
 async def _text(client: RouterClient, request: inference_pb2.GenerateRequest) -> str:
+    """A token-id prompt decoded with its special tokens and nothing between them, as vLLM echoes it
+    (`tokenizer.decode(ids)`): the echoed prompt's logprob tokens are these pieces, so the text is
+    them joined and their text offsets agree with it."""
     if request.WhichOneof("input") == "text":
         return request.text
-    sp = request.sampling_params
-    skip = sp.skip_special_tokens if sp.HasField("skip_special_tokens") else None
-    return await client.detokenize(request.model, _truncated(list(request.input_ids.ids), sp), skip)
+    ids = _truncated(list(request.input_ids.ids), request.sampling_params)
+    return await client.detokenize(request.model, ids, skip_special_tokens=False, spaces_between_special_tokens=False)
 
 
 async def _first_token(

@@ -37,6 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field
 U32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
 I32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 I64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# A count of logprob alternatives; -1 (vLLM) is the whole vocabulary (see `sampling.logprob_count`).
+LogprobCount = Annotated[int, Field(ge=-1, le=2**32 - 1)]
 
 
 class _Body(BaseModel):
@@ -57,7 +59,7 @@ REFUSED_EXTRAS = frozenset(
         *("image_data", "audio_data", "video_data", "input_embeds", "lora_path", "lora_request"),
         *("mm_processor_kwargs", "multi_modal_data"),
         # Sampling we do not implement for this endpoint.
-        *("best_of", "length_penalty"),
+        "best_of",
     }
 )
 
@@ -149,9 +151,11 @@ class OpenAIRequest(SamplingFields):
     request_id: str | None = None
 
     # vLLM: the log-probabilities of the prompt's tokens, with this many alternatives.
-    prompt_logprobs: U32 | None = None
+    prompt_logprobs: LogprobCount | None = None
     # vLLM: show tokens as "token_id:{id}" in logprobs.
     return_tokens_as_token_ids: bool | None = None
+    # vLLM: the prompt's and each choice's token ids in the response.
+    return_token_ids: bool | None = None
 
     # Accepted because they never change the output.
     user: str | None = None
@@ -177,12 +181,21 @@ class OpenAIRequest(SamplingFields):
     regex: str | None = None
     ebnf: str | None = None
 
-    # SGLang custom logit processor: a built-in name or CustomLogitProcessor.to_str(); its parameters.
+    # SGLang custom logit processor: a built-in name or CustomLogitProcessor.to_str(); its parameters,
+    # for every prompt, or a list with one entry (or null) per prompt (SGLang types it List[Optional[Dict]]).
     custom_logit_processor: str | None = None
-    custom_params: dict[str, Any] | None = None
+    custom_params: dict[str, Any] | list[dict[str, Any] | None] | None = None
 
-    # Known but not honoured yet: only their "off" values pass (see convert).
+    # Known but not honoured: only their "off" values pass (see convert), anything else is a 400 naming
+    # the field. Beam search and its knobs (vLLM; Aphrodite's early_stopping: bool, vLLM's also "never"):
     use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
+    # vLLM: a temperature for the prompt's logprobs (ours are taken at 1.0).
+    prompt_logprobs_temperature: float | None = None
+    # SGLang: hidden states and MoE routing per token.
+    return_hidden_states: bool | None = None
+    return_routed_experts: bool | None = None
 
 
 class CompletionRequest(OpenAIRequest):
@@ -192,7 +205,7 @@ class CompletionRequest(OpenAIRequest):
     prompt: str | list[str] | list[U32] | list[list[U32]]
     best_of: U32 | None = None
     # Return the sampled tokens' log-probabilities with this many alternatives.
-    logprobs: U32 | None = None
+    logprobs: LogprobCount | None = None
     # Start the text (and the logprobs) with the prompt.
     echo: bool | None = None
     suffix: str | None = None
@@ -237,7 +250,9 @@ class NamedToolChoice(_Body):
 
 
 class ChatMessageIn(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # system, developer, user, assistant, tool; any other role goes to the chat template as it is
+    # (vLLM's custom roles), which renders it or raises.
+    role: Annotated[str, Field(min_length=1)]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
@@ -256,8 +271,9 @@ class ChatCompletionRequest(OpenAIRequest):
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     # The newer name of max_tokens; wins when both are set.
     max_completion_tokens: U32 | None = None
-    logprobs: bool | None = None
-    top_logprobs: U32 | None = None
+    # Lax, as in vLLM: clients send "true" as a string.
+    logprobs: Annotated[bool, Field(strict=False)] | None = None
+    top_logprobs: LogprobCount | None = None
 
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
@@ -295,7 +311,8 @@ class NativeSamplingParams(SamplingFields):
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | None = None
-    custom_params: dict[str, Any] | None = None
+    # For every prompt, or one entry (or null) per prompt of the batch.
+    custom_params: dict[str, Any] | list[dict[str, Any] | None] | None = None
     # vLLM's name for the whitespace switch of JSON constraints.
     disable_any_whitespace: bool | None = None
 
@@ -327,3 +344,7 @@ class NativeGenerateRequest(_Body):
     return_text_in_logprobs: bool | list[bool] | None = None
     # SGLang: a built-in processor name or CustomLogitProcessor.to_str(), one for all or one per prompt.
     custom_logit_processor: str | list[str | None] | None = None
+    # Known but not honoured: only "off" passes (see convert).
+    return_hidden_states: bool | list[bool] | None = None
+    return_routed_experts: bool | None = None
+    routed_experts_start_len: U32 | None = None

@@ -95,10 +95,18 @@ class RouterClient:
         reply = await self.stub.Tokenize(request, timeout=self.timeout_s)
         return list(reply.input_ids)
 
-    async def detokenize(self, model: str, token_ids: Sequence[int], skip_special_tokens: bool | None) -> str:
+    async def detokenize(
+        self,
+        model: str,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool | None,
+        spaces_between_special_tokens: bool | None = None,
+    ) -> str:
         request = inference_pb2.DetokenizeTextRequest(model=model, token_ids=token_ids)
         if skip_special_tokens is not None:
             request.skip_special_tokens = skip_special_tokens
+        if spaces_between_special_tokens is not None:
+            request.spaces_between_special_tokens = spaces_between_special_tokens
         await self.connected()
         reply = await self.stub.Detokenize(request, timeout=self.timeout_s)
         return reply.text

@@ -73,6 +73,15 @@ def sampling_params(body: SamplingFields, prefix: str = "", **renamed: Any) -> c
     return sp
 
 
+# The wire's (and the engine's) spelling of vLLM's -1: as many alternatives as the vocabulary has.
+ALL_LOGPROBS = 2**32 - 1
+
+
+def logprob_count(value: int | None) -> int | None:
+    """A body's alternatives count as the proto and the formatters take it: -1 is `ALL_LOGPROBS`."""
+    return ALL_LOGPROBS if value == -1 else value
+
+
 def openai_logprobs(
     *, sampled: bool, top_n: int | None, prompt_top_n: int | None, echo: bool, as_token_ids: bool
 ) -> common_pb2.LogprobOptions:

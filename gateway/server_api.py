@@ -88,6 +88,9 @@ async def get_server_info(request: Request) -> dict[str, Any]:
         "tokenizer_path": info.path,
         "served_model_name": await client.model_name(None),
         "context_length": info.max_context_length,
+        # SGLang: the KV cache's capacity in tokens; with several engines, the smallest that has
+        # reported one (what a request can count on wherever it is routed); 0 before any has.
+        "max_total_num_tokens": min((c for e in engines.engines if (c := e.kv_cache_capacity_tokens)), default=0),
         "policy": engines.policy,
         "api_key_required": bool(config.security.api_keys),
         **settings,

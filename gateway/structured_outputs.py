@@ -22,6 +22,9 @@ from gateway.errors import HTTPError, invalid_request, unsupported
 from gateway.protocol import NativeSamplingParams, OpenAIRequest
 from turnout.v1 import common_pb2
 
+# The `guided_decoding_backend` names we honour: ours, and vLLM's "auto" (which picks it).
+GUIDED_DECODING_BACKENDS = ("xgrammar", "auto")
+
 # vLLM's `structured_outputs` keys; a misspelt key is a 400 rather than a constraint lost.
 _STRUCTURED_OUTPUTS_KEYS = {
     "json",
@@ -91,8 +94,15 @@ def openai_structured_output(req: OpenAIRequest) -> StructuredOutput:
             "use 'structured_outputs': {'disable_any_whitespace': true} for compact JSON",
         )
     if req.guided_decoding_backend is not None:
-        # Every backend name is served by xgrammar; its option list may ask for compact JSON.
-        _, _, options = req.guided_decoding_backend.partition(":")
+        # Constraints are compiled by xgrammar: that name (or vLLM's "auto", which picks it) is honoured,
+        # and its option list may ask for compact JSON; another backend's name is refused, not ignored.
+        backend, _, options = req.guided_decoding_backend.partition(":")
+        if backend not in GUIDED_DECODING_BACKENDS:
+            raise invalid_request(
+                f"'guided_decoding_backend' {backend!r} is not available: constraints are compiled by xgrammar "
+                f"(use one of {', '.join(repr(b) for b in GUIDED_DECODING_BACKENDS)})",
+                "guided_decoding_backend",
+            )
         if "disable-any-whitespace" in options.split(","):
             whitespace = True
     return StructuredOutput(_only_one(found), whitespace)

@@ -10,7 +10,7 @@
                 logits[row, token] = 0.0
             return logits
 
-    sampling_params = {"custom_logit_processor": OnlyToken().to_str(), "custom_params": {"token_id": 5}}
+    sampling_params = {"custom_logit_processor": OnlyToken.to_str(), "custom_params": {"token_id": 5}}
 
 The engine calls a processor once per step with the logits rows of the requests using it
 (after the grammar mask, before temperature) and one parameter dict per row: the request's
@@ -47,11 +47,13 @@ class CustomLogitProcessor:
         """logits (R, V): one row per request using this processor this step; edit in place and return."""
         raise NotImplementedError
 
-    def to_str(self) -> str:
-        """JSON text holding the dill-serialized class (a class from the client's `__main__` travels by value)."""
+    @classmethod
+    def to_str(cls) -> str:
+        """JSON text holding the dill-serialized class (a class from the client's `__main__` travels by value).
+        A classmethod, as SGLang's: `OnlyToken.to_str()` and `OnlyToken().to_str()` give the same text."""
         import dill
 
-        return json.dumps({"callable": dill.dumps(type(self), recurse=True).hex()})
+        return json.dumps({"callable": dill.dumps(cls, recurse=True).hex()})
 
     @classmethod
     def from_str(cls, text: str) -> CustomLogitProcessor:

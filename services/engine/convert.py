@@ -22,6 +22,12 @@ def request_from_proto(
         raise InvalidArgument("request_id must not be empty")
     if not message.input_ids:
         raise InvalidArgument("input_ids must not be empty")
+    if message.priority and config.scheduling_policy != "priority":
+        # As vLLM: a priority the scheduler would ignore is refused, not silently dropped.
+        raise InvalidArgument(
+            f"priority {message.priority} needs --scheduling-policy priority (this engine schedules "
+            f"{config.scheduling_policy})"
+        )
     vocab = loaded.vocab_size
     bad = [t for t in message.input_ids if t >= vocab]
     if bad:

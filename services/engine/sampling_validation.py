@@ -332,14 +332,29 @@ def _extra_samplers(f: _Fields) -> dict[str, Any]:
     return values
 
 
+# A logprob count of 2^32 - 1 (vLLM's -1) asks for every token of the vocabulary.
+ALL_LOGPROBS = 2**32 - 1
+
+
 def _logprobs(options: common_pb2.LogprobOptions, limits: Limits) -> LogprobSettings:
     top_n = options.top_logprobs_num
     prompt_top_n = options.input_top_logprobs_num if options.HasField("input_top_logprobs_num") else top_n
-    for name, value in (("top_logprobs_num (logprobs / top_logprobs)", top_n), ("prompt_logprobs", prompt_top_n)):
-        if value > limits.max_logprobs:
+    names = ("top_logprobs_num (logprobs / top_logprobs)", "prompt_logprobs")
+    counts = []
+    for name, value in zip(names, (top_n, prompt_top_n), strict=True):
+        if value == ALL_LOGPROBS:
+            value = limits.vocab_size
+            if value > limits.max_logprobs:
+                raise InvalidArgument(
+                    f"{name} -1 asks for the whole vocabulary ({value} tokens), more than the server's "
+                    f"--max-logprobs ({limits.max_logprobs})"
+                )
+        elif value > limits.max_logprobs:
             raise InvalidArgument(
                 f"{name} must be at most {limits.max_logprobs} (the server's --max-logprobs), got {value}"
             )
+        counts.append(value)
+    top_n, prompt_top_n = counts
     _check_ids("token_ids_logprob", options.token_ids_logprob, limits.vocab_size)
     start: int | None = None
     if options.HasField("logprob_start_len") and options.logprob_start_len >= 0:

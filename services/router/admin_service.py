@@ -45,6 +45,7 @@ def engine_status(engine: EngineClient, pool: EnginePool) -> router_admin_pb2.En
         running_requests=engine.reported.running_requests,
         waiting_requests=engine.reported.waiting_requests,
         kv_cache_usage=engine.reported.kv_cache_usage,
+        kv_cache_capacity_tokens=engine.reported.kv_cache_capacity_tokens,
         load=engine.load,
         requests_total=engine.requests_total,
         failures_total=engine.failures_total,

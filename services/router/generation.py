@@ -44,10 +44,12 @@ PROMPT_CONTEXT_TOKENS = 8
 
 
 def _stop_token_trimmed(finish: common_pb2.FinishReason, params: common_pb2.SamplingParams) -> bool:
-    """Whether the last token is a matched stop or EOS token whose text must not appear."""
+    """Whether the last token is a matched stop or EOS token whose text must not appear. A stop with
+    nothing matched is a grammar that ended, which it does on accepting its stop token (an EOS): that
+    token is no more text than a matched EOS (`skip_special_tokens: false` would show it)."""
     return (
         finish.WhichOneof("kind") == "stop"
-        and finish.stop.WhichOneof("matched") in ("token_id", "eos_token_id")
+        and finish.stop.WhichOneof("matched") in ("token_id", "eos_token_id", None)
         and not params.no_stop_trim
     )
 
@@ -126,10 +128,14 @@ async def _generate_once(
     # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
     # --tool-call-parser): learn that before the engine runs.
     await samples.open_first()
+    # The prompt's ids go with the first response only.
+    prompt_ids = list(input_ids) if request.return_prompt_token_ids else []
     if not ranking:
         async for response in samples.run(engine_request):
             if with_texts:
                 await _fill_texts(tokenizer, response)
+            response.prompt_token_ids.extend(prompt_ids)
+            prompt_ids = []
             yield response
         return
 
@@ -149,6 +155,8 @@ async def _generate_once(
                 del response.chunk.logprobs[:]
             if with_texts:
                 await _fill_texts(tokenizer, response)
+            response.prompt_token_ids.extend(prompt_ids)
+            prompt_ids = []
             yield response
 
 
@@ -241,8 +249,8 @@ class _Samples:
         if chunk.index in self._ended:
             return
         text = await self._text(chunk.index).push(list(chunk.token_ids), last=False)
-        yield _chunk(chunk.index, text, chunk.token_ids, chunk.logprobs, chunk)
         matched = _matched(text)
+        yield _chunk(chunk.index, text, chunk.token_ids, chunk.logprobs, chunk, last=matched is not None)
         if matched is None:
             return
         self._ended.add(chunk.index)
@@ -276,7 +284,7 @@ class _Samples:
         if text.reasoning_tokens:
             usage.reasoning_tokens = text.reasoning_tokens
         if ids or text.text or text.reasoning_text or text.tool_calls:
-            yield _chunk(done.index, text, ids, done.logprobs, usage)
+            yield _chunk(done.index, text, ids, done.logprobs, usage, last=True)
         yield _complete(done.index, finish, usage, self._input_logprobs)
 
 
@@ -294,8 +302,10 @@ def _chunk(
     token_ids: object,
     logprobs: object,
     counts: engine_pb2.EngineChunk | common_pb2.Usage,
+    last: bool = False,
 ) -> inference_pb2.GenerateResponse:
-    """A chunk of one sample: the tokenizer's text, reasoning and tool calls, with the engine's tokens and counts."""
+    """A chunk of one sample: the tokenizer's text, reasoning and tool calls, with the engine's tokens and counts.
+    `last`: the sample's Complete is sent right after it."""
     return inference_pb2.GenerateResponse(
         chunk=inference_pb2.GenerateChunk(
             index=index,
@@ -308,6 +318,7 @@ def _chunk(
             prompt_tokens=counts.prompt_tokens,
             completion_tokens=counts.completion_tokens,
             cached_tokens=counts.cached_tokens,
+            last=last,
         )
     )
 

@@ -62,8 +62,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     ) -> inference_pb2.DetokenizeTextResponse:
         self._engines.resolve_model(request.model)
         decode = tokenizer_pb2.DecodeRequest(token_ids=request.token_ids)
-        if request.HasField("skip_special_tokens"):
-            decode.skip_special_tokens = request.skip_special_tokens
+        for flag in ("skip_special_tokens", "spaces_between_special_tokens"):
+            if request.HasField(flag):
+                setattr(decode, flag, getattr(request, flag))
         reply = await self._tokenizers.retrying(lambda tokenizer: tokenizer.Decode(decode))
         return inference_pb2.DetokenizeTextResponse(text=reply.text)
 

@@ -80,16 +80,32 @@ def constrain_for_tools(
     return out
 
 
+# Where a schema keeps the definitions its local `$ref`s ("#/$defs/X", "#/definitions/X") point to.
+_DEFINITIONS = ("$defs", "definitions")
+
+
 def _required_schema(schemas: dict[str, dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": name}, "parameters": parameters},
-            "required": ["name", "parameters"],
-        }
-        for name, parameters in schemas.items()
-    ]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    """The array-of-calls schema. A tool's local definitions move to its root: nested in `items`, the
+    tool's `#/$defs/...` references would resolve against the root, which has none of them."""
+    hoisted: dict[str, dict[str, Any]] = {}
+    calls = []
+    for name, parameters in schemas.items():
+        parameters = dict(parameters)
+        for key in _DEFINITIONS:
+            for def_name, definition in (parameters.pop(key, None) or {}).items():
+                known = hoisted.setdefault(key, {})
+                if known.setdefault(def_name, definition) != definition:
+                    raise InvalidArgument(
+                        f"tools define '{key}/{def_name}' differently; tool_choice 'required' needs one definition"
+                    )
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }
+        )
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **hoisted}
     if not parallel:
         schema["maxItems"] = 1
     return schema

@@ -9,15 +9,14 @@ from turnout.errors import InvalidArgument
 from turnout.struct_values import struct_to_dict
 from turnout.v1 import common_pb2
 
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-
 
 def message_to_dict(message: common_pb2.ChatMessage, content_format: str = "string") -> dict[str, Any]:
-    """A ChatMessage as the dict chat templates expect (OpenAI message shape). `content_format`
-    (--chat-template-content-format): `openai` gives the content as a list of text parts, anything
-    else as one string."""
-    if message.role not in CHAT_ROLES:
-        raise InvalidArgument(f"unknown chat role {message.role!r}; expected one of {', '.join(CHAT_ROLES)}")
+    """A ChatMessage as the dict chat templates expect (OpenAI message shape). Any non-empty role
+    passes, as in vLLM: the OpenAI ones, and custom roles the template may know (it raises if not).
+    `content_format` (--chat-template-content-format): `openai` gives the content as a list of text
+    parts, anything else as one string."""
+    if not message.role:
+        raise InvalidArgument("a chat message needs a role")
     entry: dict[str, Any] = {"role": message.role}
     if message.HasField("content"):
         entry["content"] = message.content

@@ -30,12 +30,18 @@ async def test_chat_shape_and_messages(client: httpx.AsyncClient, fake_router: F
     assert body["choices"] == [
         {
             "index": 0,
-            "message": {"role": "assistant", "content": "Hello world"},
+            "message": {"role": "assistant", "content": "Hello world", "reasoning_content": None},
             "logprobs": None,
             "finish_reason": "stop",
             "stop_reason": 2,
+            # SGLang's matched_stop: what stop_reason says, the EOS id too.
+            "matched_stop": 2,
+            # vLLM's return_token_ids: null unless asked for.
+            "token_ids": None,
         }
     ]
+    # vLLM's prompt_logprobs and prompt_token_ids are always there, null unless asked for.
+    assert body["prompt_logprobs"] is None and body["prompt_token_ids"] is None
     assert body["usage"]["total_tokens"] == 8
     [sent] = fake_router.requests
     chat = sent.chat
@@ -100,7 +106,7 @@ async def test_chat_stream_role_first_and_one_finish_per_choice(
     assert len({c["id"] for c in chunks}) == 1
     for index in (0, 1):
         mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
-        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert mine[0]["delta"] == {"role": "assistant", "content": "", "reasoning_content": None}
         assert all("role" not in c["delta"] for c in mine[1:])
         assert "".join(c["delta"].get("content", "") for c in mine) == "Hello world"
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["stop"]

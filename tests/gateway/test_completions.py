@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.conftest import FakeRouter, chunk, complete, sse_events
+from tests.gateway.conftest import FakeRouter, chunk, complete, default_script, sse_events
 
 
 async def test_models_list_shape(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
@@ -44,7 +44,19 @@ async def test_completion_shape_and_defaults(client: httpx.AsyncClient, fake_rou
     assert isinstance(body["created"], int)
     assert "system_fingerprint" in body
     assert body["choices"] == [
-        {"index": 0, "text": "Hello world", "logprobs": None, "finish_reason": "stop", "stop_reason": 2}
+        {
+            "index": 0,
+            "text": "Hello world",
+            "logprobs": None,
+            "finish_reason": "stop",
+            "stop_reason": 2,
+            # SGLang's matched_stop; vLLM's prompt_logprobs, null unless asked for.
+            "matched_stop": 2,
+            "prompt_logprobs": None,
+            # vLLM's return_token_ids: null unless asked for.
+            "prompt_token_ids": None,
+            "token_ids": None,
+        }
     ]
     assert body["usage"] == {
         "prompt_tokens": 5,
@@ -208,3 +220,42 @@ async def test_stream_without_usage_has_no_usage_field(client: httpx.AsyncClient
     events = sse_events(response.text)
     assert all("usage" not in e for e in events)
     assert all(e["choices"] for e in events)
+
+
+async def _last_chunk_marked(request: Any, context: Any) -> Any:
+    """The router's way: the last chunk of a sample says so, and its Complete follows."""
+    yield chunk(0, "Hello", (11, 12), completion=2)
+    last = chunk(0, " world", (13,), completion=3)
+    last.chunk.last = True
+    yield last
+    yield complete(0, length=3)
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_finish_reason_rides_on_the_last_chunk(
+    client: httpx.AsyncClient, fake_router: FakeRouter, route: str
+) -> None:
+    fake_router.script = _last_chunk_marked
+    body = {"prompt": "Say hi"} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    events = sse_events((await client.post(route, json={**body, "stream": True})).text)
+    choices = [e["choices"][0] for e in events]
+    if route == "/v1/chat/completions":
+        choices = choices[1:]  # the role delta
+    texts = [c["text"] if "text" in c else c["delta"]["content"] for c in choices]
+    assert texts == ["Hello", " world"]
+    assert [c["finish_reason"] for c in choices] == [None, "length"]
+    # Without the mark, the end comes in a chunk of its own (a sample ended without a last token).
+    fake_router.script = default_script
+    events = sse_events((await client.post(route, json={**body, "stream": True})).text)
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1]["choices"][0].get("text", "") == "" and events[-2]["choices"][0]["finish_reason"] is None
+
+
+async def test_a_router_stream_without_responses_is_a_502(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    async def nothing(request: Any, context: Any) -> Any:
+        return
+        yield
+
+    fake_router.script = nothing
+    reply = await client.post("/v1/completions", json={"prompt": "Say hi", "return_token_ids": True})
+    assert reply.status_code == 502 and "before samples [0] finished" in reply.json()["error"]["message"]

@@ -36,6 +36,7 @@ class FakeAdmin(router_admin_pb2_grpc.RouterAdminServicer):
                     requests_total=10,
                     retried_total=1,
                     prefix_tree_tokens=900,
+                    kv_cache_capacity_tokens=4096,
                 ),
                 Status(address="10.0.0.6:50051", target="engine:50051", health=Status.HEALTH_UNHEALTHY,
                        circuit=Status.CIRCUIT_OPEN),
@@ -78,6 +79,7 @@ async def test_engines_route_shows_health_load_and_counters(
         "failures_total": 0,
         "retried_total": 1,
         "prefix_tree_tokens": 900,
+        "kv_cache_capacity_tokens": 4096,
     }
     assert (second["health"], second["circuit"], second["model"]) == ("unhealthy", "open", None)
 

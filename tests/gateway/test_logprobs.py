@@ -63,7 +63,7 @@ async def test_completion_logprobs(client: httpx.AsyncClient) -> None:
     [choice] = body["choices"]
     assert choice["text"] == "Hello world"
     assert choice["logprobs"] == OUTPUT_LOGPROBS_1
-    assert "prompt_logprobs" not in choice
+    assert choice["prompt_logprobs"] is None
 
 
 async def test_completion_logprobs_zero_and_two(client: httpx.AsyncClient) -> None:
@@ -123,7 +123,12 @@ async def test_echo_token_prompt_truncated(client: httpx.AsyncClient, fake_route
     body = (await client.post("/v1/completions", json=payload)).json()
     assert body["choices"][0]["text"] == "abHello world"
     [asked] = fake_router.detokenize_requests
-    assert list(asked.token_ids) == [A, B] and not asked.HasField("skip_special_tokens")
+    # Special tokens shown, as the echoed logprob tokens show them (vLLM).
+    assert list(asked.token_ids) == [A, B] and asked.HasField("skip_special_tokens")
+    assert not asked.skip_special_tokens
+    assert asked.HasField("spaces_between_special_tokens") and not asked.spaces_between_special_tokens
+    body = (await client.post("/v1/completions", json={"prompt": [BOS, A, B], "echo": True})).json()
+    assert body["choices"][0]["text"] == "<s>abHello world"
 
 
 async def test_echo_with_logprobs(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
@@ -169,9 +174,10 @@ async def test_echo_stream_prompt_leads_first_chunk(client: httpx.AsyncClient) -
 async def test_echo_stream_with_logprobs_sends_the_choice_whole(client: httpx.AsyncClient) -> None:
     payload = {"prompt": "ab", "echo": True, "logprobs": 1, "stream": True}
     events = sse_events((await client.post("/v1/completions", json=payload)).text)
-    content, last = (e["choices"][0] for e in events)
+    # One chunk: the whole choice, with its finish reason.
+    [content] = (e["choices"][0] for e in events)
     assert content["text"] == "abHello world" and content["logprobs"] == ECHO_LOGPROBS_1
-    assert last["finish_reason"] == "stop" and last["text"] == ""
+    assert content["finish_reason"] == "stop"
 
 
 async def test_prompt_logprobs(client: httpx.AsyncClient) -> None:
@@ -211,7 +217,7 @@ async def test_chat_logprobs(client: httpx.AsyncClient) -> None:
     }
     assert [c["token"] for c in content] == ["Hel", "lo", " world"]
     assert content[2]["top_logprobs"] == [{"token": " there", "logprob": -0.75, "bytes": list(b" there")}]
-    assert "prompt_logprobs" not in body
+    assert body["prompt_logprobs"] is None
 
 
 async def test_chat_logprobs_without_top(client: httpx.AsyncClient) -> None:
@@ -245,7 +251,7 @@ async def test_chat_stream_logprobs_per_delta(client: httpx.AsyncClient) -> None
     choices = [e["choices"][0] for e in events]
     assert choices[0]["logprobs"] is None  # the role delta
     with_logprobs = [c for c in choices if c["logprobs"] is not None]
-    assert [c["delta"] for c in with_logprobs] == [{"content": "Hello"}, {"content": ""}, {"content": " world"}]
+    assert [c["delta"]["content"] for c in with_logprobs] == ["Hello", "", " world"]
     tokens = [[t["token"] for t in c["logprobs"]["content"]] for c in with_logprobs]
     assert tokens == [["Hel", "lo"], [" world"], []]
     assert [t["token"] for t in with_logprobs[1]["logprobs"]["content"][0]["top_logprobs"]] == [" there", " world"]

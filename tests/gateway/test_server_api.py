@@ -13,6 +13,7 @@ from gateway.config import GatewayConfig
 from tests.gateway.conftest import FakeRouter, MakeClient, complete, fake_encode
 from turnout import __version__
 from turnout.security import ServiceSecurity
+from turnout.v1 import router_admin_pb2
 
 
 async def test_health_needs_a_routable_engine(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
@@ -53,6 +54,15 @@ async def test_version_and_server_info(fake_router: FakeRouter, make_client: Mak
         assert info["api_key_required"] is True
         assert "secret" not in str(info)  # none of the three
         assert info["internal_states"][0]["address"] == "10.0.0.5:50051"
+        # SGLang's max_total_num_tokens: the engines' smallest KV cache, in tokens.
+        assert info["max_total_num_tokens"] == 0  # no engine has reported its load yet
+        fake_router.admin.engines[0].kv_cache_capacity_tokens = 8192
+        fake_router.admin.engines += [
+            router_admin_pb2.EngineStatus(address="10.0.0.6:50051", kv_cache_capacity_tokens=4096),
+            router_admin_pb2.EngineStatus(address="10.0.0.7:50051"),  # not polled yet: not counted
+        ]
+        info = (await client.get("/get_server_info", headers=auth)).json()
+        assert info["max_total_num_tokens"] == 4096
 
 
 async def test_flush_cache(fake_router: FakeRouter, make_client: MakeClient) -> None:

@@ -368,6 +368,9 @@ async def test_streamed_reasoning_and_tool_call_deltas(client: httpx.AsyncClient
     fake_router.script = _thinking_then_tool_call
     events = await _stream(client, {"messages": CHAT, "tools": TOOLS})
     deltas = [e["choices"][0]["delta"] for e in events]
+    # Every delta carries the reasoning_content key, null when it has none (as SGLang's do).
+    assert all("reasoning_content" in d for d in deltas)
+    deltas = [{k: v for k, v in d.items() if v is not None or k != "reasoning_content"} for d in deltas]
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert deltas[1:4] == [{"reasoning_content": "Let me "}, {"reasoning_content": "check."}, {"content": "Sure. "}]
     assert deltas[4] == {
@@ -396,4 +399,4 @@ async def test_stream_reasoning_false_sends_reasoning_in_one_piece(
     events = await _stream(client, {"messages": CHAT, "tools": TOOLS, "stream_reasoning": False})
     deltas = [e["choices"][0]["delta"] for e in events]
     assert deltas[1] == {"reasoning_content": "Let me check.", "content": "Sure. "}
-    assert sum("reasoning_content" in d for d in deltas) == 1
+    assert sum(d["reasoning_content"] is not None for d in deltas) == 1

@@ -50,8 +50,8 @@ async def test_chat_echo_repeats_the_final_assistant_message(
     reply = (await client.post("/v1/chat/completions", json=body)).json()
     assert reply["choices"][0]["message"]["content"] == "Well, I Hello world"
     events = sse_events((await client.post("/v1/chat/completions", json={**body, "stream": True})).text)
-    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert events[1]["choices"][0]["delta"] == {"content": "Well, I "}
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "reasoning_content": None}
+    assert events[1]["choices"][0]["delta"] == {"content": "Well, I ", "reasoning_content": None}
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
     assert text == "Well, I Hello world"
     assert sum(e["choices"][0]["finish_reason"] is not None for e in events) == 1
