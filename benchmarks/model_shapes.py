@@ -219,7 +219,10 @@ def random_loaded_model(config: EngineConfig, seed: int = 0) -> LoadedModel:
     takes after loading) happens as in production; each parameter is allocated once, in
     the engine's dtype on its device, and filled there (an 8B model never touches CPU memory)."""
 
-    def random_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+    def random_weights(
+        model: nn.Module, folder: Path, dtype: torch.dtype, device: torch.device, tp: object = None
+    ) -> None:
+        del tp  # one rank: the whole model
         for module in model.modules():
             for name, param in list(module.named_parameters(recurse=False)):
                 storage = torch.empty(param.shape, dtype=dtype, device=device)
