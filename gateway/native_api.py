@@ -8,7 +8,6 @@ cumulative, as SGLang sends them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -17,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import convert, request_id, sse
-from gateway.batch_limit import check_batch_size
+from gateway.batch_limit import check_batch_size, gather_bounded
 from gateway.generation import Generation, Sample, unless_disconnected
 from gateway.logprobs_format import sglang_logprobs
 from gateway.prompts import Prompt, look_up, starts_at_zero
@@ -71,17 +70,15 @@ async def generate(body: NativeGenerateRequest, request: Request) -> Response:
         message.model = client.router_model(message.model)
 
     async def begin() -> tuple[list[Prompt], Generation]:
-        prompts = await asyncio.gather(
-            *(
-                look_up(
-                    client,
-                    m,
-                    text=False,
-                    first=m.logprob_options.return_logprob and starts_at_zero(m),
-                    first_text=m.logprob_options.return_text_in_logprobs,
-                )
-                for m in messages
+        prompts = await gather_bounded(
+            look_up(
+                client,
+                m,
+                text=False,
+                first=m.logprob_options.return_logprob and starts_at_zero(m),
+                first_text=m.logprob_options.return_text_in_logprobs,
             )
+            for m in messages
         )
         return list(prompts), await client.generate(messages)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -12,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import convert, request_id, sse
-from gateway.batch_limit import check_batch_size
+from gateway.batch_limit import check_batch_size, gather_bounded
 from gateway.errors import HTTPError
 from gateway.generation import Generation, Sample, unless_disconnected
 from gateway.openai_format import Head, View, chat_body, chat_chunks, completion_body, completion_chunks
@@ -140,8 +139,8 @@ async def _respond(
         if echo:
             # With logprobs the prompt is listed from its first token, which has no logprob.
             wants_first = view.logprobs is not None
-            echoes = await asyncio.gather(
-                *(look_up(client, m, text=True, first=wants_first, first_text=not view.as_token_ids) for m in messages)
+            echoes = await gather_bounded(
+                look_up(client, m, text=True, first=wants_first, first_text=not view.as_token_ids) for m in messages
             )
             shown = dataclasses.replace(view, echoes=echoes)
         return model, shown, await client.generate(messages)

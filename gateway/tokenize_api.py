@@ -12,14 +12,13 @@ token decoded alone (vLLM shows raw vocabulary pieces instead, like `Ġhi`).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from pydantic import Field
 
 from gateway import convert
-from gateway.batch_limit import check_batch_size
+from gateway.batch_limit import check_batch_size, gather_bounded
 from gateway.errors import invalid_request
 from gateway.protocol import U32, ChatMessageIn, ToolDefinition, _Body
 from gateway.request_id import begin
@@ -80,7 +79,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         if not body.prompt:
             raise invalid_request("'prompt' must not be an empty list", "prompt")
         check_batch_size(request, len(body.prompt), "prompt")
-        replies = await asyncio.gather(*(client.tokenize_request(_tokenize_request(body, p)) for p in body.prompt))
+        replies = await gather_bounded(client.tokenize_request(_tokenize_request(body, p)) for p in body.prompt)
         return {
             "count": [len(r.input_ids) for r in replies],
             "max_model_len": replies[0].max_model_len,
@@ -104,7 +103,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any
     if body.tokens and isinstance(body.tokens[0], list):
         batch: list[list[int]] = body.tokens  # type: ignore[assignment]
         check_batch_size(request, len(batch), "tokens")
-        texts = await asyncio.gather(*(client.detokenize(model, ids, body.skip_special_tokens) for ids in batch))
+        texts = await gather_bounded(client.detokenize(model, ids, body.skip_special_tokens) for ids in batch)
         return {"prompt": list(texts), "text": list(texts)}
     text = await client.detokenize(model, body.tokens, body.skip_special_tokens)  # type: ignore[arg-type]
     return {"prompt": text, "text": text}

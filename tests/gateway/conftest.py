@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -131,6 +132,21 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         self.list_error: grpc.StatusCode | None = None
         self.cancelled = asyncio.Event()
         self.admin = FakeAdmin()
+        # Tokenize / Detokenize calls being answered at once, and the most seen (each waits
+        # tokenizer_delay_s first, so concurrent calls overlap).
+        self.tokenizer_calls_in_flight = 0
+        self.most_tokenizer_calls_in_flight = 0
+        self.tokenizer_delay_s = 0.0
+
+    @contextlib.asynccontextmanager
+    async def _tokenizer_call(self) -> AsyncIterator[None]:
+        self.tokenizer_calls_in_flight += 1
+        self.most_tokenizer_calls_in_flight = max(self.most_tokenizer_calls_in_flight, self.tokenizer_calls_in_flight)
+        try:
+            await asyncio.sleep(self.tokenizer_delay_s)
+            yield
+        finally:
+            self.tokenizer_calls_in_flight -= 1
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self.requests.append(request)
@@ -145,6 +161,10 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
 
     async def Tokenize(self, request: Any, context: Any) -> Any:
         self.tokenize_requests.append(request)
+        async with self._tokenizer_call():
+            return await self._tokenize(request, context)
+
+    async def _tokenize(self, request: Any, context: Any) -> Any:
         if request.model and request.model not in {m.name for m in self.models}:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
         special = request.add_special_tokens if request.HasField("add_special_tokens") else True
@@ -164,6 +184,8 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
 
     async def Detokenize(self, request: Any, context: Any) -> Any:
         self.detokenize_requests.append(request)
+        async with self._tokenizer_call():
+            pass
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         return inference_pb2.DetokenizeTextResponse(text=fake_decode(request.token_ids, skip))
 
