@@ -105,6 +105,10 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
 def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.GenerateRequest], bool]:
     """The GenerateRequests of a `/generate` body, and whether it was a batch."""
     prompts: list[str] | list[list[int]]
+    if req.prompt is not None:  # the older name of `text`: folded into it, so later reads see `text`
+        if req.text is not None:
+            raise invalid_request("give 'text' or 'prompt' (its older name), not both", "prompt")
+        req.text, req.prompt = req.prompt, None
     if (req.text is None) == (req.input_ids is None):
         raise invalid_request("exactly one of 'text' and 'input_ids' must be given", "text")
     if req.text is not None:

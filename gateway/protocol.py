@@ -180,6 +180,8 @@ class OpenAIRequest(SamplingFields):
     # SGLang's top-level constraint fields in OpenAI bodies.
     regex: str | None = None
     ebnf: str | None = None
+    # vLLM's extra field: a structural tag as JSON text (an object is taken too).
+    structural_tag: str | dict[str, Any] | None = None
 
     # SGLang custom logit processor: a built-in name or CustomLogitProcessor.to_str(); its parameters,
     # for every prompt, or a list with one entry (or null) per prompt (SGLang types it List[Optional[Dict]]).
@@ -325,6 +327,8 @@ class NativeGenerateRequest(_Body):
     """
 
     text: str | list[str] | None = None
+    # The name SGLang's older documents give `text`: the same field, folded into it.
+    prompt: str | list[str] | None = None
     input_ids: list[U32] | list[list[U32]] | None = None
     sampling_params: NativeSamplingParams | list[NativeSamplingParams] | None = None
     rid: str | list[str] | None = None

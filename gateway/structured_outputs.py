@@ -87,6 +87,9 @@ def openai_structured_output(req: OpenAIRequest) -> StructuredOutput:
         found.append(Constraint("regex", _non_empty(req.regex, "regex"), "regex"))
     if req.ebnf is not None:
         found.append(Constraint("ebnf", _non_empty(req.ebnf, "ebnf"), "ebnf"))
+    if req.structural_tag is not None:
+        tag = req.structural_tag if isinstance(req.structural_tag, str) else json.dumps(req.structural_tag)
+        found.append(Constraint("structural_tag", _non_empty(tag, "structural_tag"), "structural_tag"))
     if req.guided_whitespace_pattern is not None:
         raise unsupported(
             "guided_whitespace_pattern",

@@ -187,3 +187,12 @@ async def test_health_is_503_when_router_unreachable(
         response = await client.get("/health")
         assert response.status_code == 503
         assert response.json()["error"]["type"] == "service_unavailable_error"
+
+
+async def test_prompt_is_the_older_name_of_text(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    """SGLang's older /generate documents call the text `prompt`: it is taken as `text`; both is a 400."""
+    reply = await client.post("/generate", json={"prompt": ["Hi", "Yo"], "sampling_params": {"max_new_tokens": 2}})
+    assert reply.status_code == 200, reply.text
+    assert [r.text for r in fake_router.requests] == ["Hi", "Yo"]
+    both = await client.post("/generate", json={"prompt": "Hi", "text": "Hi"})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"

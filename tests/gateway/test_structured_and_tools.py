@@ -83,6 +83,21 @@ async def test_structural_tag_response_format_is_passed_whole(
     assert kind == "structural_tag" and json.loads(value) == fmt
 
 
+@pytest.mark.parametrize("as_text", [True, False])
+async def test_vllm_top_level_structural_tag(client: httpx.AsyncClient, fake_router: FakeRouter, as_text: bool) -> None:
+    """vLLM's `structural_tag` extra field (JSON text; an object too) is the same constraint."""
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
+        "triggers": ["<f>"],
+    }
+    body = {"messages": CHAT, "structural_tag": json.dumps(tag) if as_text else tag}
+    response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    kind, value = constraint(fake_router.requests[0])
+    assert kind == "structural_tag" and json.loads(value) == tag
+
+
 async def test_whitespace_and_closed_objects(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
     nested = {"type": "object", "properties": {"b": {"type": "object"}}}
     body = {
