@@ -30,6 +30,7 @@ FILES = (
     "packed_linear.cpp",
     "elementwise.cpp",
     "decoder.cpp",
+    "argmax.cpp",
     "common.h",
     "simd.h",
     "ops.h",

@@ -10,6 +10,7 @@ void register_paged_prefill(pybind11::module& m);
 void register_elementwise(pybind11::module& m);
 void register_packed_linear(pybind11::module& m);
 void register_decoder(pybind11::module& m);
+void register_argmax(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_paged_decode(m);
@@ -17,4 +18,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_elementwise(m);
   register_packed_linear(m);
   register_decoder(m);
+  register_argmax(m);
 }

@@ -30,6 +30,7 @@ import torch
 
 from services.engine.kernels import triton_runs_on
 from services.engine.sampler.candidates import Candidates
+from services.engine.sampler.row_argmax import row_argmax
 
 
 def exponential_race(
@@ -61,7 +62,7 @@ def exponential_race(
         uniforms.index_copy_(0, torch.tensor(seeded, device=device), own)
     log_q = uniforms.log_().neg_().log_()  # (R, W): log of q = -log u ~ Exp(1); u = 0 gives +inf
     scores = c.values - log_q  # (R, W); -inf logits stay -inf
-    return c.token_ids(scores.argmax(dim=-1))
+    return c.token_ids(row_argmax(scores))
 
 
 def fused_draw_runs_on(device: torch.device) -> bool:

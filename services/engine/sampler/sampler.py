@@ -33,6 +33,7 @@ from services.engine.sampler.draw import exponential_race
 from services.engine.sampler.masks import apply_masks, uses_masks
 from services.engine.sampler.penalties import apply_logit_bias, apply_penalties
 from services.engine.sampler.repetition_guards import apply_dry
+from services.engine.sampler.row_argmax import row_argmax
 from services.engine.sampler.shaping import shape
 from services.engine.sampler.temperature import apply_temperature
 from services.engine.sampler.truncation import truncate_tail
@@ -58,7 +59,7 @@ def sample(
         return SamplerOutput(tokens=torch.empty(0, dtype=torch.long, device=logits.device), logprobs=None)
     batch = SamplerBatch(rows, logits.shape[-1], logits.device)
     if batch.plain_greedy and not extra_masks:
-        return SamplerOutput(tokens=logits.argmax(dim=-1), logprobs=None)
+        return SamplerOutput(tokens=row_argmax(logits), logprobs=None)
 
     x = logits.to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True)  # (N, V), ours to edit
     if batch.uses_bias:
@@ -78,7 +79,7 @@ def sample(
     tokens = torch.empty(len(rows), dtype=torch.long, device=x.device)  # (N,)
     if batch.greedy_rows:
         greedy = batch.index(batch.greedy_rows)
-        tokens.index_copy_(0, greedy, x.index_select(0, greedy).argmax(dim=-1))
+        tokens.index_copy_(0, greedy, row_argmax(x.index_select(0, greedy)))
     if batch.random_rows:
         tokens.index_copy_(0, batch.index(batch.random_rows), _draw(x, batch, fused_draw))
     return SamplerOutput(tokens=tokens, logprobs=logprobs)
