@@ -181,6 +181,10 @@ _NO_EXPERTS = "is not supported: no served model is a mixture of experts"
 
 
 def _refuse_openai(req: OpenAIRequest) -> None:
+    # The engine takes 0 as prefill only (SGLang /generate); vLLM's /v1 routes refuse it.
+    for name in ("max_tokens", "max_completion_tokens"):
+        if getattr(req, name, None) == 0:
+            raise invalid_request(f"{name} must be at least 1, got 0", name)
     if req.use_beam_search:
         raise unsupported("use_beam_search", "is not supported: no beam search")
     if req.length_penalty not in (None, 1.0):

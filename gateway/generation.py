@@ -69,6 +69,8 @@ class Sample:
     reasoning_tokens: int = 0
     finish_reason: common_pb2.FinishReason | None = None
     finished: float | None = None
+    # The pooled prompt, for a request with `pooling` (an embedding).
+    embedding: list[float] = field(default_factory=list)
 
     @property
     def latency_s(self) -> float:
@@ -244,6 +246,7 @@ class Generation:
                 if sibling.prompt == prompt and (sibling is sample or not sibling.input_logprobs):
                     sibling.input_logprobs = list(complete.input_logprobs)
         sample.finish_reason = complete.finish_reason
+        sample.embedding = list(complete.embedding)
         sample.finished = time.monotonic()
         if sample.local_index == 0:
             metrics.on_prompt_done(sample.prompt_tokens)

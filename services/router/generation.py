@@ -13,6 +13,9 @@ and the Detokenize streams the same way.
 Tool calling: REQUIRED / NAMED constrain the engine to a JSON form (tool_constraint);
 every sample's Detokenize stream reads reasoning and tool calls out of its own text.
 
+A request with `pooling` (an embedding) generates nothing: the engine's one Complete carries the
+pooled vector, passed on as GenerateComplete.embedding.
+
 best_of > n: all best_of samples are generated and held back; the n with the
 highest cumulative log-probability are then sent, renumbered 0 .. n-1.
 """
@@ -113,6 +116,8 @@ async def _generate_once(
     )
     if request.HasField("priority"):
         engine_request.priority = request.priority
+    if request.HasField("pooling"):
+        engine_request.pooling.CopyFrom(request.pooling)
     log.info(
         "generate",
         extra={"request_id": request_id, "engine_request_id": engine_request_id, "prompt_tokens": len(input_ids)},
@@ -285,7 +290,7 @@ class _Samples:
             usage.reasoning_tokens = text.reasoning_tokens
         if ids or text.text or text.reasoning_text or text.tool_calls:
             yield _chunk(done.index, text, ids, done.logprobs, usage, last=True)
-        yield _complete(done.index, finish, usage, self._input_logprobs)
+        yield _complete(done.index, finish, usage, self._input_logprobs, done.embedding)
 
 
 def _matched(text: tokenizer_pb2.DetokenizeResponse) -> common_pb2.FinishReason | None:
@@ -324,7 +329,11 @@ def _chunk(
 
 
 def _complete(
-    index: int, finish: common_pb2.FinishReason, usage: common_pb2.Usage, input_logprobs: object
+    index: int,
+    finish: common_pb2.FinishReason,
+    usage: common_pb2.Usage,
+    input_logprobs: object,
+    embedding: object = (),
 ) -> inference_pb2.GenerateResponse:
     return inference_pb2.GenerateResponse(
         complete=inference_pb2.GenerateComplete(
@@ -332,5 +341,6 @@ def _complete(
             finish_reason=finish,
             usage=usage,
             input_logprobs=input_logprobs,  # type: ignore[arg-type]
+            embedding=embedding,  # type: ignore[arg-type]
         )
     )
