@@ -17,14 +17,14 @@ from gateway.router_client import router_of
 router = APIRouter()
 
 
-def _prompts(body: EmbeddingRequest) -> list[str] | list[list[int]]:
+def _prompts(body: EmbeddingRequest) -> list[str | list[int]]:
     """`input` as a list of prompts: a string or one token id list is one prompt."""
     value = body.input
     if isinstance(value, str):
         return [value]
     if value and all(isinstance(item, int) for item in value):
-        return [list(value)]  # type: ignore[arg-type]
-    return list(value)  # type: ignore[arg-type]
+        return [[int(item) for item in value]]  # type: ignore[arg-type]
+    return [item if isinstance(item, str) else list(item) for item in value]  # type: ignore[arg-type]
 
 
 async def _embed(body: EmbeddingRequest, request: Request) -> Pooled:
