@@ -71,6 +71,8 @@ class Sample:
     finished: float | None = None
     # The pooled prompt, for a request with `pooling` (an embedding).
     embedding: list[float] = field(default_factory=list)
+    # With return_hidden_states: one row per computed position (the prompt's, then each decode step's input).
+    hidden_states: list[list[float]] = field(default_factory=list)
 
     @property
     def latency_s(self) -> float:
@@ -211,6 +213,7 @@ class Generation:
             sample.text += chunk.text
             sample.token_ids.extend(chunk.token_ids)
             sample.logprobs.extend(chunk.logprobs)
+            sample.hidden_states += [list(row.values) for row in chunk.hidden_states]
             sample.prompt_tokens = chunk.prompt_tokens
             sample.completion_tokens = chunk.completion_tokens
             sample.cached_tokens = chunk.cached_tokens

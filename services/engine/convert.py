@@ -54,12 +54,15 @@ def request_from_proto(
         params.CopyFrom(message.sampling_params)
         params.max_new_tokens = 0
     sampling = resolve(params, defaults, limits, message.logprob_options)
+    if message.return_hidden_states and sampling.best_of > 1:
+        raise InvalidArgument(f"return_hidden_states takes n and best_of 1, got {sampling.best_of}")
     return EngineRequest(
         request_id=message.request_id,
         input_ids=tuple(message.input_ids),
         sampling=sampling,
         lora_name=message.lora_name or None,
         pooling=pooling,
+        return_hidden_states=message.return_hidden_states,
     )
 
 
@@ -113,6 +116,10 @@ def logprobs_to_proto(positions: list[PositionLogprobs]) -> list[common_pb2.Posi
     ]
 
 
+def hidden_states_to_proto(rows: list[list[float]]) -> list[common_pb2.HiddenState]:
+    return [common_pb2.HiddenState(values=row) for row in rows]
+
+
 def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
     if output.finish is None:
         return engine_pb2.EngineGenerateResponse(
@@ -124,6 +131,7 @@ def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
                 completion_tokens=output.completion_tokens,
                 cached_tokens=output.cached_tokens,
                 input_logprobs=logprobs_to_proto(output.input_logprobs),
+                hidden_states=hidden_states_to_proto(output.hidden_states),
             )
         )
     return engine_pb2.EngineGenerateResponse(
@@ -140,6 +148,7 @@ def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
             input_logprobs=logprobs_to_proto(output.input_logprobs),
             cumulative_logprob=output.cumulative_logprob,
             embedding=output.embedding or [],
+            hidden_states=hidden_states_to_proto(output.hidden_states),
         )
     )
 

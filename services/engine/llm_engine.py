@@ -439,5 +439,6 @@ class LLMEngine:
             input_logprobs=list(seq.prompt_logprobs) if first_output else [],
             cumulative_logprob=seq.cumulative_logprob,
             request_finished=done,
+            hidden_states=seq.hidden_log.take() if seq.hidden_log is not None else [],
         )
         return StepOutput(seq.request.request_id, output)

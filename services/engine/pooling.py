@@ -18,11 +18,15 @@ Which positions each type needs, and what that means for the prefix cache:
 Chunked prefill folds each chunk's rows into a float32 running value as the
 chunk is computed; `next_position` records how far it got, so a sequence
 preempted and recomputed never folds a position twice.
+
+A request with return_hidden_states (SGLang) keeps every row instead
+(`HiddenStateLog`): each prompt position (so, like mean pooling, no cache hit),
+then the input position of each decode step, handed out with its outputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -84,6 +88,30 @@ class PoolingState:
         return finish_vector(vector, self.settings).tolist()
 
 
+@dataclass
+class HiddenStateLog:
+    """The final hidden states of every position a sequence computes, until its next output takes them."""
+
+    next_position: int = 0
+    # (count, hidden) blocks of rows in position order, not yet handed out.
+    pending: list[torch.Tensor] = field(default_factory=list)
+
+    def wanted(self, start: int, end: int, num_prompt: int) -> tuple[int, int] | None:
+        first = max(start, self.next_position)
+        return (first, end) if first < end else None
+
+    def fold(self, rows: torch.Tensor, first: int) -> None:
+        self.pending.append(rows)
+        self.next_position = first + len(rows)
+
+    def take(self) -> list[list[float]]:
+        """The rows since the last take, as float32 lists (waits for the device)."""
+        if not self.pending:
+            return []
+        rows, self.pending = torch.cat(self.pending).float(), []
+        return rows.tolist()  # type: ignore[no-any-return]
+
+
 def finish_vector(vector: torch.Tensor, settings: PoolingSettings) -> torch.Tensor:
     """Truncate to settings.dimensions, then L2-normalise when asked: (hidden,) -> (dimensions,)."""
     if settings.dimensions is not None:
@@ -105,10 +133,12 @@ class PoolRows:
 
 
 def pool_rows(seq: Sequence, start: int, end: int, first_row: int) -> PoolRows | None:
-    """The rows of seq's chunk [start, end) (whose row 0 is first_row) that its pooling needs."""
-    if seq.pooling is None:
+    """The rows of seq's chunk [start, end) (whose row 0 is first_row) that its pooling or its hidden
+    state log needs."""
+    keeper = seq.pooling or seq.hidden_log
+    if keeper is None:
         return None
-    span = seq.pooling.wanted(start, end, seq.num_prompt_tokens)
+    span = keeper.wanted(start, end, seq.num_prompt_tokens)
     if span is None:
         return None
     first, last = span
@@ -116,12 +146,12 @@ def pool_rows(seq: Sequence, start: int, end: int, first_row: int) -> PoolRows |
 
 
 def fold_pooling(batch: Batch, logits: StepLogits) -> None:
-    """Fold the step's pooled rows into their sequences (in Batch.pool_rows order)."""
+    """Fold the step's pooled rows into their sequences' pooling or hidden state log (Batch.pool_rows order)."""
     if logits.pool_hidden is None:
         return
     offset = 0
     for part in batch.pool_rows:
-        state = part.seq.pooling
-        if state is not None and not part.seq.is_finished:  # not aborted while its step ran
-            state.fold(logits.pool_hidden[offset : offset + part.count], part.first_position)
+        keeper = part.seq.pooling or part.seq.hidden_log
+        if keeper is not None and not part.seq.is_finished:  # not aborted while its step ran
+            keeper.fold(logits.pool_hidden[offset : offset + part.count], part.first_position)
         offset += part.count

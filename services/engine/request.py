@@ -23,6 +23,8 @@ class EngineRequest:
     lora_name: str | None = None
     # Set: pool the prompt's hidden states and generate nothing (sampling.max_new_tokens is 0; pooling.py).
     pooling: PoolingSettings | None = None
+    # Hand out the final hidden state of every computed position with the outputs (SGLang).
+    return_hidden_states: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class EngineOutput:
     request_finished: bool = False
     # The pooled prompt, on the only output of a pooling request that completed.
     embedding: list[float] | None = None
+    # With return_hidden_states: the hidden states of the positions computed since the last output.
+    hidden_states: list[list[float]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

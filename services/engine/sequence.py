@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from services.engine.logprobs import PositionLogprobs
-from services.engine.pooling import PoolingState
+from services.engine.pooling import HiddenStateLog, PoolingState
 from services.engine.request import EngineRequest, Finish
 
 if TYPE_CHECKING:
@@ -87,12 +87,16 @@ class Sequence:
     lora: LoraAdapter | None = None
     # The pooling in progress of a pooling request (pooling.py); None: it generates.
     pooling: PoolingState | None = None
+    # The hidden states of a request with return_hidden_states (pooling.py); None: not asked for.
+    hidden_log: HiddenStateLog | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.request.input_ids)
         if self.request.pooling is not None and self.pooling is None:
             self.pooling = PoolingState(self.request.pooling)
+        if self.request.return_hidden_states and self.hidden_log is None:
+            self.hidden_log = HiddenStateLog()
         seed = self.request.sampling.seed
         if seed is not None:
             # Sample i of a seeded request draws from seed + i (as vLLM), so samples differ yet repeat.
@@ -133,9 +137,9 @@ class Sequence:
     @property
     def needs_every_prompt_position(self) -> bool:
         """Whether it needs the hidden state of prompt positions a prefix-cache hit would skip (prompt
-        log-probabilities, mean or first pooling): then it computes the whole prompt."""
+        log-probabilities, mean or first pooling, hidden states): then it computes the whole prompt."""
         pooling = self.pooling is not None and self.pooling.settings.needs_every_position
-        return pooling or self.prompt_logprob_start is not None
+        return pooling or self.hidden_log is not None or self.prompt_logprob_start is not None
 
     @property
     def prefill_only(self) -> bool:

@@ -118,6 +118,7 @@ async def _generate_once(
         engine_request.priority = request.priority
     if request.HasField("pooling"):
         engine_request.pooling.CopyFrom(request.pooling)
+    engine_request.return_hidden_states = request.return_hidden_states
     log.info(
         "generate",
         extra={"request_id": request_id, "engine_request_id": engine_request_id, "prompt_tokens": len(input_ids)},
@@ -255,7 +256,15 @@ class _Samples:
             return
         text = await self._text(chunk.index).push(list(chunk.token_ids), last=False)
         matched = _matched(text)
-        yield _chunk(chunk.index, text, chunk.token_ids, chunk.logprobs, chunk, last=matched is not None)
+        yield _chunk(
+            chunk.index,
+            text,
+            chunk.token_ids,
+            chunk.logprobs,
+            chunk,
+            last=matched is not None,
+            hidden=chunk.hidden_states,
+        )
         if matched is None:
             return
         self._ended.add(chunk.index)
@@ -288,8 +297,8 @@ class _Samples:
         usage.CopyFrom(done.usage)
         if text.reasoning_tokens:
             usage.reasoning_tokens = text.reasoning_tokens
-        if ids or text.text or text.reasoning_text or text.tool_calls:
-            yield _chunk(done.index, text, ids, done.logprobs, usage, last=True)
+        if ids or text.text or text.reasoning_text or text.tool_calls or done.hidden_states:
+            yield _chunk(done.index, text, ids, done.logprobs, usage, last=True, hidden=done.hidden_states)
         yield _complete(done.index, finish, usage, self._input_logprobs, done.embedding)
 
 
@@ -308,6 +317,7 @@ def _chunk(
     logprobs: object,
     counts: engine_pb2.EngineChunk | common_pb2.Usage,
     last: bool = False,
+    hidden: object = (),
 ) -> inference_pb2.GenerateResponse:
     """A chunk of one sample: the tokenizer's text, reasoning and tool calls, with the engine's tokens and counts.
     `last`: the sample's Complete is sent right after it."""
@@ -324,6 +334,7 @@ def _chunk(
             completion_tokens=counts.completion_tokens,
             cached_tokens=counts.cached_tokens,
             last=last,
+            hidden_states=hidden,  # type: ignore[arg-type]
         )
     )
 

@@ -214,3 +214,28 @@ def test_generate_with_zero_new_tokens_scores_the_prompt(http: httpx.Client, mod
     logprobs = meta["input_token_logprobs"]
     assert len(logprobs) == meta["prompt_tokens"] and logprobs[0][0] is None
     assert all(lp <= 0 for lp, _, _ in logprobs[1:])
+
+
+def test_hidden_states_on_generate_and_completions(http: httpx.Client, client: openai.OpenAI, model: str) -> None:
+    """SGLang's return_hidden_states: the prompt's rows, then one row per decode step; the prompt's last
+    row is the raw last-token embedding of the same prompt, and /v1/completions shows the last row."""
+    body = {"text": TEXTS[0], "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+    out = http.post("/generate", json={**body, "return_hidden_states": True}).json()
+    meta = out["meta_info"]
+    states = meta["hidden_states"]
+    assert len(states) == meta["completion_tokens"] == 4
+    assert len(states[0]) == meta["prompt_tokens"] and all(len(row) == 64 for row in states[0])
+    assert all(len(row) == 64 for row in states[1:])
+    raw = client.embeddings.create(model=model, input=TEXTS[0], extra_body={"normalize": False}).data[0].embedding
+    assert close(states[0][-1], raw, tol=2e-2 * max(abs(x) for x in raw))
+    plain = http.post("/generate", json=body).json()
+    assert "hidden_states" not in plain["meta_info"] and plain["output_ids"] == out["output_ids"]
+    reply = client.completions.create(
+        model=model,
+        prompt=TEXTS[0],
+        max_tokens=4,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_hidden_states": True},
+    )
+    last = (reply.choices[0].model_extra or {})["hidden_states"]
+    assert close(last, states[-1], tol=2e-2 * max(abs(x) for x in states[-1]))

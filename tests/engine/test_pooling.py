@@ -211,3 +211,46 @@ def test_prefill_only_request_returns_prompt_logprobs_and_no_tokens(
 def test_bad_pooling_params_are_refused(loaded: LoadedModel, fields: dict[str, int], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         pooling_from_proto(common_pb2.PoolingParams(**fields), loaded.info.hidden_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_hidden_states_of_every_computed_position_match_transformers(
+    tiny_model_dir: Path, loaded: LoadedModel, hf_hidden: torch.nn.Module, overlap: bool
+) -> None:
+    """SGLang's return_hidden_states: each prompt position (no cache hit, though its prefix is cached),
+    then the input of each decode step, handed out with the outputs, in a batch with other requests."""
+    shared = prompts(loaded, 1, seed=17, low=32, high=32)[0]
+    prompt = shared + prompts(loaded, 1, seed=18, low=9, high=9)[0]
+    limits = Limits(len(prompt), loaded.max_model_len, loaded.vocab_size)
+    params = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+    sampling = resolve(params, loaded.info.generation_defaults, limits)
+    asking = EngineRequest("h", tuple(prompt), sampling, return_hidden_states=True)
+    engine = engine_for(tiny_model_dir, loaded, max_num_batched_tokens=16, overlap_schedule=overlap)
+    out = run(
+        engine,
+        {0: [generate_request(loaded, "warm", shared)], 3: [asking, generate_request(loaded, "g", prompt, max_new=6)]},
+    )
+    tokens = [t for o in out["h"] for t in o.token_ids]
+    assert tokens == [t for o in out["g"] for t in o.token_ids] and len(tokens) == 6
+    assert out["h"][-1].cached_tokens == 0 and out["g"][-1].cached_tokens == 32
+    assert all(not o.hidden_states for o in out["g"])
+    rows = [row for o in out["h"] for row in o.hidden_states]
+    # The positions computed: the prompt, then each generated token but the last (never fed back).
+    computed = prompt + tokens[:-1]
+    with torch.inference_mode():
+        want = hf_hidden(torch.tensor([computed])).last_hidden_state[0].float()  # (P + 5, hidden)
+    spec = loaded.model.spec  # type: ignore[union-attr]
+    assert_close(torch.tensor(rows), want, reduction=forward_reduction(spec, len(computed)))
+    # The first output carries the prompt's rows and the row that produced the first token.
+    assert len(out["h"][0].hidden_states) >= len(prompt)
+
+
+def test_hidden_states_refuse_several_samples(tiny_model_dir: Path, loaded: LoadedModel) -> None:
+    from services.engine.convert import request_from_proto
+    from turnout.v1 import engine_pb2
+
+    message = engine_pb2.EngineGenerateRequest(
+        request_id="x", input_ids=[5, 6], sampling_params=common_pb2.SamplingParams(n=2), return_hidden_states=True
+    )
+    with pytest.raises(InvalidArgument, match="return_hidden_states takes n and best_of 1"):
+        request_from_proto(message, loaded, EngineConfig(model=tiny_model_dir))
