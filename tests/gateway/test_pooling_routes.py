@@ -89,3 +89,56 @@ async def test_rerank_sorts_cuts_and_leaves_documents_out(client: httpx.AsyncCli
     assert results[0]["document"] == {"text": "ab"}
     bare = (await client.post("/rerank", json={**body, "return_documents": False})).json()["results"]
     assert all("document" not in r for r in bare)
+
+
+def _rows(*values: float) -> list[common_pb2.HiddenState]:
+    return [common_pb2.HiddenState(values=[v, -v]) for v in values]
+
+
+async def with_hidden_states(
+    request: inference_pb2.GenerateRequest, context: aio.ServicerContext
+) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    """A 3-token prompt and 3 generated tokens: 3 + 2 computed positions, sent over two chunks."""
+    hidden = request.return_hidden_states
+    yield inference_pb2.GenerateResponse(
+        chunk=inference_pb2.GenerateChunk(
+            text="ab",
+            token_ids=[11, 12],
+            prompt_tokens=3,
+            completion_tokens=2,
+            hidden_states=_rows(1, 2, 3, 4) if hidden else [],
+        )
+    )
+    yield inference_pb2.GenerateResponse(
+        chunk=inference_pb2.GenerateChunk(
+            text="c",
+            token_ids=[13],
+            prompt_tokens=3,
+            completion_tokens=3,
+            last=True,
+            hidden_states=_rows(5) if hidden else [],
+        )
+    )
+    yield inference_pb2.GenerateResponse(
+        complete=inference_pb2.GenerateComplete(
+            finish_reason=common_pb2.FinishReason(length=common_pb2.FinishReason.Length(length=3)),
+            usage=common_pb2.Usage(prompt_tokens=3, completion_tokens=3),
+        )
+    )
+
+
+async def test_hidden_states_in_sglang_and_openai_shapes(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    fake_router.script = with_hidden_states
+    native = (await client.post("/generate", json={"text": "x", "return_hidden_states": True})).json()
+    assert native["meta_info"]["hidden_states"] == [[[1, -1], [2, -2], [3, -3]], [4, -4], [5, -5]]
+    assert fake_router.requests[-1].return_hidden_states
+    batch = (await client.post("/generate", json={"text": ["x", "y"], "return_hidden_states": [False, True]})).json()
+    assert "hidden_states" not in batch[0]["meta_info"] and len(batch[1]["meta_info"]["hidden_states"]) == 3
+    completion = (await client.post("/v1/completions", json={"prompt": "x", "return_hidden_states": True})).json()
+    assert completion["choices"][0]["hidden_states"] == [5, -5]
+    chat = {"messages": [{"role": "user", "content": "x"}], "return_hidden_states": True}
+    assert (await client.post("/v1/chat/completions", json=chat)).json()["choices"][0]["hidden_states"] == [5, -5]
+    plain = (await client.post("/v1/completions", json={"prompt": "x"})).json()
+    assert "hidden_states" not in plain["choices"][0] and not fake_router.requests[-1].return_hidden_states
+    streamed = await client.post("/v1/completions", json={"prompt": "x", "return_hidden_states": True, "stream": True})
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "return_hidden_states"
