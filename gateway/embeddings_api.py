@@ -30,6 +30,9 @@ def _prompts(body: EmbeddingRequest) -> list[str | list[int]]:
 async def _embed(body: EmbeddingRequest, request: Request) -> Pooled:
     if body.messages is not None:
         raise unsupported("messages", "is not supported: give the text in 'input'")
+    for name in ("chat_template", "chat_template_kwargs"):
+        if getattr(body, name) is not None:
+            raise unsupported(name, "applies to chat-style 'messages' input, which is not supported")
     check_embed_dtype(body.embed_dtype)
     params = pooling_params(body, dimensions=body.dimensions, normalize=body.normalize)
     return await pool(request, body, _prompts(body), params, "input")

@@ -41,8 +41,10 @@ class EmbeddingRequest(PoolingFields):
     normalize: bool | None = None
     # vLLM: the element type of a base64 vector.
     embed_dtype: str | None = None
-    # vLLM's chat-style input: declared so it is refused by name.
+    # vLLM's chat-style input and its options: declared so they are refused by name.
     messages: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
 
 
 class ScoreRequest(PoolingFields):

@@ -2,8 +2,9 @@
 
 Only sequences whose computed tokens reach their last token this step get
 logits (a prefill chunk that ends mid-prompt produces none; a prefill-only
-request never does). The rows a pooling request pools (pooling.py) come back
-as hidden states, like the rows of prompt log-probabilities. A token whose
+request never does). The rows a pooling request pools, or a hidden-states
+request keeps (pooling.py), come back as hidden states, like the rows of prompt
+log-probabilities. A token whose
 sampling is still pending (a placeholder, see sequence.py) is taken from the
 previous step's token tensor on the device: building a batch never waits for
 the device. With decode graphs (cuda_graphs.py), a decode-only batch they fit
@@ -150,7 +151,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepLogits:
-        """Logits for batch.sample_seqs, in that order, and the hidden states of prompt-logprob rows."""
+        """Logits for batch.sample_seqs, in that order, and the hidden states of prompt-logprob and pool rows."""
         # The graphs were captured without LoRA terms: a step with adapter tokens runs eagerly.
         graphed = (
             self.graphs is not None and not batch.prompt_rows and not batch.pool_rows and batch.context.lora is None
