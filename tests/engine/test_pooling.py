@@ -254,3 +254,16 @@ def test_hidden_states_refuse_several_samples(tiny_model_dir: Path, loaded: Load
     )
     with pytest.raises(InvalidArgument, match="return_hidden_states takes n and best_of 1"):
         request_from_proto(message, loaded, EngineConfig(model=tiny_model_dir))
+
+
+def test_offline_llm_embed(tiny_model_dir: Path, hf_hidden: torch.nn.Module) -> None:
+    from services.engine.llm import LLM
+
+    llm = LLM(tiny_model_dir, dtype="float32", num_kv_blocks=64)
+    ids = list(llm.tokenizer.encode("The capital of France is", add_special_tokens=True))
+    by_text, by_ids = llm.embed(["The capital of France is", ids], {"type": "MEAN", "dimensions": 32})
+    want = expected(hf_hidden, ids, PoolingSettings("mean", dimensions=32))
+    check(llm.engine.loaded, by_text, want, len(ids))
+    assert by_ids == by_text
+    with pytest.raises(InvalidArgument, match="pooling:"):
+        llm.embed("x", {"kind": "MEAN"})
