@@ -10,7 +10,17 @@ from fastapi import Depends, FastAPI
 from fastapi.telemetry import TelemetryConfig
 from starlette.middleware.cors import CORSMiddleware
 
-from gateway import engines_api, lora_api, metrics, native_api, openai_api, server_api, tokenize_api
+from gateway import (
+    embeddings_api,
+    engines_api,
+    lora_api,
+    metrics,
+    native_api,
+    openai_api,
+    score_api,
+    server_api,
+    tokenize_api,
+)
 from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPathMiddleware
@@ -72,6 +82,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(tokenize_api.router)
     app.include_router(server_api.router)
     app.include_router(lora_api.router)
+    app.include_router(embeddings_api.router)
+    app.include_router(score_api.router)
     # The last added runs first: CORS answers preflights before the key is checked, the
     # size limit applies to authenticated requests only, and every response gets its id.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)

@@ -73,6 +73,7 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
         else:
             msg.input_ids.ids.extend(prompt)
         msg.return_prompt_token_ids = bool(req.return_token_ids)
+        msg.return_hidden_states = bool(req.return_hidden_states)
         out.append(msg)
     return out
 
@@ -95,6 +96,7 @@ def chat_request(req: ChatCompletionRequest, request_id: str) -> inference_pb2.G
     msg = _base_request(request_id, req.model, req.add_special_tokens, req.priority, sampling, logprobs)
     msg.separate_reasoning = req.separate_reasoning is not False
     msg.return_prompt_token_ids = bool(req.return_token_ids)
+    msg.return_hidden_states = bool(req.return_hidden_states)
     fill_chat_input(msg.chat, req.messages, req)
     for document in req.documents or []:
         msg.chat.options.documents.add().update(document)
@@ -122,9 +124,6 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
             raise invalid_request("'input_ids' must not be empty", "input_ids")
     if not prompts:
         raise invalid_request("the batch of prompts must not be empty", "text" if req.text is not None else "input_ids")
-    hidden = req.return_hidden_states
-    if hidden is True or (isinstance(hidden, list) and any(hidden)):
-        raise unsupported("return_hidden_states", _NO_HIDDEN_STATES)
     if req.return_routed_experts:
         raise unsupported("return_routed_experts", _NO_EXPERTS)
     if req.routed_experts_start_len:
@@ -147,6 +146,7 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
         strict=True,
     )
 
+    hidden = _per_prompt(req.return_hidden_states, count, "return_hidden_states")
     processors = _per_prompt(req.custom_logit_processor, count, "custom_logit_processor")
     adapters = _per_prompt(req.lora_path, count, "lora_path")
     out = []
@@ -158,6 +158,7 @@ def native_requests(req: NativeGenerateRequest) -> tuple[list[inference_pb2.Gene
         sampling = _native_sampling(sp, processor, custom_params)
         msg = _base_request(rid or "", req.model, add_special_tokens, req.priority, sampling, native_logprobs(*options))
         msg.lora_name = adapter or ""
+        msg.return_hidden_states = bool(hidden[i])
         if isinstance(prompt, str):
             msg.text = prompt
         else:
@@ -176,11 +177,14 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
 
 # Why each peer field we know but do not honour is refused (any value but its "off" one).
 _BEAM_SEARCH = "applies to beam search, which is not supported"
-_NO_HIDDEN_STATES = "is not supported: the engine does not return hidden states"
 _NO_EXPERTS = "is not supported: no served model is a mixture of experts"
 
 
 def _refuse_openai(req: OpenAIRequest) -> None:
+    # The engine takes 0 as prefill only (SGLang /generate); vLLM's /v1 routes refuse it.
+    for name in ("max_tokens", "max_completion_tokens"):
+        if getattr(req, name, None) == 0:
+            raise invalid_request(f"{name} must be at least 1, got 0", name)
     if req.use_beam_search:
         raise unsupported("use_beam_search", "is not supported: no beam search")
     if req.length_penalty not in (None, 1.0):
@@ -191,8 +195,8 @@ def _refuse_openai(req: OpenAIRequest) -> None:
         raise unsupported(
             "prompt_logprobs_temperature", "is not supported: prompt logprobs are taken at temperature 1.0"
         )
-    if req.return_hidden_states:
-        raise unsupported("return_hidden_states", _NO_HIDDEN_STATES)
+    if req.return_hidden_states and req.stream:
+        raise unsupported("return_hidden_states", "is not supported with 'stream' on this route (use /generate)")
     if req.return_routed_experts:
         raise unsupported("return_routed_experts", _NO_EXPERTS)
     if req.stream_options is not None and not req.stream:

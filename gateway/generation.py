@@ -69,6 +69,10 @@ class Sample:
     reasoning_tokens: int = 0
     finish_reason: common_pb2.FinishReason | None = None
     finished: float | None = None
+    # The pooled prompt, for a request with `pooling` (an embedding).
+    embedding: list[float] = field(default_factory=list)
+    # With return_hidden_states: one row per computed position (the prompt's, then each decode step's input).
+    hidden_states: list[list[float]] = field(default_factory=list)
 
     @property
     def latency_s(self) -> float:
@@ -209,6 +213,7 @@ class Generation:
             sample.text += chunk.text
             sample.token_ids.extend(chunk.token_ids)
             sample.logprobs.extend(chunk.logprobs)
+            sample.hidden_states += [list(row.values) for row in chunk.hidden_states]
             sample.prompt_tokens = chunk.prompt_tokens
             sample.completion_tokens = chunk.completion_tokens
             sample.cached_tokens = chunk.cached_tokens
@@ -244,6 +249,7 @@ class Generation:
                 if sibling.prompt == prompt and (sibling is sample or not sibling.input_logprobs):
                     sibling.input_logprobs = list(complete.input_logprobs)
         sample.finish_reason = complete.finish_reason
+        sample.embedding = list(complete.embedding)
         sample.finished = time.monotonic()
         if sample.local_index == 0:
             metrics.on_prompt_done(sample.prompt_tokens)

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway import convert, request_id, sse
 from gateway.batch_limit import check_batch_size, gather_bounded
 from gateway.generation import Generation, Sample, unless_disconnected
+from gateway.hidden_states import sglang_hidden_states
 from gateway.logprobs_format import sglang_logprobs
 from gateway.prompts import Prompt, look_up, starts_at_zero
 from gateway.protocol import NativeGenerateRequest
@@ -52,6 +53,8 @@ def _output(sample: Sample, sample_id: str, request: inference_pb2.GenerateReque
         # The prompt's positions come with the end of the sample: empty lists until then.
         first = prompt.first if sample.finish_reason is not None else None
         meta.update(sglang_logprobs(sample.logprobs, sample.input_logprobs, first, request.logprob_options))
+    if request.return_hidden_states:
+        meta["hidden_states"] = sglang_hidden_states(sample.hidden_states, sample.prompt_tokens)
     meta["e2e_latency"] = round(sample.latency_s, 6)
     return {"text": sample.text, "output_ids": list(sample.token_ids), "meta_info": meta}
 

@@ -81,6 +81,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         token_ids=bool(body.return_token_ids),
         prompt_logprobs=logprob_count(body.prompt_logprobs),
         continuous_usage=_continuous_usage(body),
+        hidden_states=bool(body.return_hidden_states),
     )
     return await _respond(
         request, body, f"cmpl-{chosen}", messages, view, bool(body.echo), completion_body, completion_chunks
@@ -103,6 +104,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         echoes=[Prompt(text=echo)] if echo else (),
         continuous_usage=_continuous_usage(body),
         role=request.app.state.config.response_role,
+        hidden_states=bool(body.return_hidden_states),
     )
     return await _respond(request, body, f"chatcmpl-{chosen}", [message], view, False, chat_body, chat_chunks)
 

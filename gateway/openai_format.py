@@ -24,6 +24,7 @@ from typing import Any
 
 from gateway.assistant_output import DeltaBuilder, assistant_message
 from gateway.generation import Generation, Sample
+from gateway.hidden_states import last_hidden_state
 from gateway.logprobs_format import chat_logprobs, completion_logprobs, prompt_logprobs
 from gateway.prompts import Prompt
 from turnout.v1.common_pb2 import PositionLogprobs, TokenLogprob
@@ -70,6 +71,8 @@ class View:
     role: str = "assistant"
     # vLLM return_token_ids: the prompt's and the choices' token ids.
     token_ids: bool = False
+    # SGLang return_hidden_states: each choice's last decode step's hidden state.
+    hidden_states: bool = False
 
     def body_token_ids(self, sample: Sample) -> dict[str, Any]:
         """A whole choice's `token_ids` (null unless asked for, as vLLM's bodies show it)."""
@@ -157,6 +160,8 @@ def completion_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[s
         choice.update(view.body_token_ids(s))
         if view.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(s.input_logprobs, view.prompt_logprobs)
+        if view.hidden_states:
+            choice["hidden_states"] = last_hidden_state(s.hidden_states, s.prompt_tokens)
         choices.append(choice)
     return {**head.fields("text_completion"), "choices": choices, "usage": usage(samples)}
 
@@ -173,6 +178,9 @@ def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, An
                 "logprobs": view.chat_logprobs(s.logprobs),
                 **finish(s, view.named_tool),
                 **view.body_token_ids(s),
+                **(
+                    {"hidden_states": last_hidden_state(s.hidden_states, s.prompt_tokens)} if view.hidden_states else {}
+                ),
             }
         )
     body = {**head.fields("chat.completion"), "choices": choices, "usage": usage(samples, chat=True)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.engine.config import EngineConfig
 from services.engine.logprobs import PositionLogprobs, TokenLogprob
 from services.engine.model_loader import LoadedModel
+from services.engine.pooling import PoolingSettings, PoolingType
 from services.engine.processors.catalog import ProcessorCatalog
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
 from services.engine.sampling_validation import Limits, resolve
@@ -41,13 +42,49 @@ def request_from_proto(
         vocab_size=vocab,
         processors=processors,
     )
-    sampling = resolve(message.sampling_params, defaults, limits, message.logprob_options)
+    params = message.sampling_params
+    pooling = None
+    if message.HasField("pooling"):
+        pooling = pooling_from_proto(message.pooling, loaded.info.hidden_size)
+        if params.HasField("max_new_tokens") and params.max_new_tokens != 0:
+            raise InvalidArgument(
+                f"a pooling request generates nothing: max_new_tokens must be 0, got {params.max_new_tokens}"
+            )
+        params = common_pb2.SamplingParams()
+        params.CopyFrom(message.sampling_params)
+        params.max_new_tokens = 0
+    sampling = resolve(params, defaults, limits, message.logprob_options)
+    if message.return_hidden_states and sampling.best_of > 1:
+        raise InvalidArgument(f"return_hidden_states takes n and best_of 1, got {sampling.best_of}")
     return EngineRequest(
         request_id=message.request_id,
         input_ids=tuple(message.input_ids),
         sampling=sampling,
         lora_name=message.lora_name or None,
+        pooling=pooling,
+        return_hidden_states=message.return_hidden_states,
     )
+
+
+_POOLING_TYPES: dict[int, PoolingType] = {
+    common_pb2.PoolingParams.TYPE_UNSPECIFIED: "last",
+    common_pb2.PoolingParams.LAST: "last",
+    common_pb2.PoolingParams.MEAN: "mean",
+    common_pb2.PoolingParams.FIRST: "first",
+}
+
+
+def pooling_from_proto(message: common_pb2.PoolingParams, hidden_size: int) -> PoolingSettings:
+    kind = _POOLING_TYPES.get(message.type)
+    if kind is None:
+        raise InvalidArgument(f"pooling type {message.type} is not one of LAST, MEAN, FIRST")
+    dimensions = message.dimensions if message.HasField("dimensions") else None
+    if dimensions is not None and not 1 <= dimensions <= hidden_size:
+        raise InvalidArgument(
+            f"dimensions must be between 1 and the model's hidden size {hidden_size}, got {dimensions}"
+        )
+    normalize = message.normalize if message.HasField("normalize") else True
+    return PoolingSettings(kind, normalize, dimensions)
 
 
 def finish_to_proto(finish: Finish, completion_tokens: int) -> common_pb2.FinishReason:
@@ -79,6 +116,10 @@ def logprobs_to_proto(positions: list[PositionLogprobs]) -> list[common_pb2.Posi
     ]
 
 
+def hidden_states_to_proto(rows: list[list[float]]) -> list[common_pb2.HiddenState]:
+    return [common_pb2.HiddenState(values=row) for row in rows]
+
+
 def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
     if output.finish is None:
         return engine_pb2.EngineGenerateResponse(
@@ -90,6 +131,7 @@ def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
                 completion_tokens=output.completion_tokens,
                 cached_tokens=output.cached_tokens,
                 input_logprobs=logprobs_to_proto(output.input_logprobs),
+                hidden_states=hidden_states_to_proto(output.hidden_states),
             )
         )
     return engine_pb2.EngineGenerateResponse(
@@ -105,6 +147,8 @@ def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
             ),
             input_logprobs=logprobs_to_proto(output.input_logprobs),
             cumulative_logprob=output.cumulative_logprob,
+            embedding=output.embedding or [],
+            hidden_states=hidden_states_to_proto(output.hidden_states),
         )
     )
 

@@ -10,6 +10,8 @@ Sampling parameters are a dict with the SGLang/Turnout names (the fields of
 too: `{"json_schema": "...", "max_new_tokens": 64}`, `{"choice": {"values": ["yes", "no"]}}`.
 With `enable_lora=True, lora_modules=(("sql", path),)`, `lora_path` (SGLang's name) picks an
 adapter for all prompts or one per prompt (None: the base model); see docs/lora.md.
+`llm.embed(prompts, {"type": "mean", "dimensions": 64})` pools each prompt's final hidden states
+instead (the fields of `turnout.v1.PoolingParams`; see services/engine/pooling.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, cast
 from google.protobuf.json_format import ParseDict, ParseError
 
 from services.engine.config import EngineConfig
+from services.engine.convert import pooling_from_proto
 from services.engine.llm_engine import LLMEngine
 from services.engine.request import EngineRequest, Finish
 from services.engine.sampling_validation import resolve
@@ -107,6 +110,31 @@ class LLM:
         return self._run(
             {r.request_id: list(r.input_ids) for r in requests}, {r.request_id: r.sampling.n for r in requests}
         )
+
+    def embed(
+        self, prompts: str | Sequence[str] | Sequence[Sequence[int]], pooling: Mapping[str, Any] | None = None
+    ) -> list[list[float]]:
+        """Pool every prompt (text or token ids) into one vector, in prompt order."""
+        batch = [prompts] if isinstance(prompts, str) else list(prompts)
+        try:
+            proto = ParseDict(dict(pooling or {}), common_pb2.PoolingParams())
+        except ParseError as exc:
+            raise InvalidArgument(f"pooling: {exc}") from None
+        settings = pooling_from_proto(proto, self.engine.loaded.info.hidden_size)
+        requests = [
+            dataclasses.replace(self._request(cast("str | Sequence[int]", p), {"max_new_tokens": 0}), pooling=settings)
+            for p in batch
+        ]
+        for request in requests:
+            self.engine.add_request(request)
+        pending = {r.request_id for r in requests}
+        vectors: dict[str, list[float]] = {}
+        while pending:
+            for step in self.engine.step():
+                if step.request_id in pending and step.output.request_finished:
+                    pending.discard(step.request_id)
+                    vectors[step.request_id] = step.output.embedding or []
+        return [vectors[r.request_id] for r in requests]
 
     def _request(self, prompt: str | Sequence[int], params: Mapping[str, Any]) -> EngineRequest:
         ids = self.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)

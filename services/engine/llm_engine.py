@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -53,11 +53,12 @@ from services.engine.model_runner import Batch, ModelRunner, StepLogits
 from services.engine.parallel.driver import DriverRunner
 from services.engine.parallel.ranks import Ranks
 from services.engine.parallel.step_channel import StepChannel
+from services.engine.pooling import fold_pooling
 from services.engine.processors.catalog import ProcessorCatalog
 from services.engine.request import EngineOutput, EngineRequest, Finish, LoadReport
 from services.engine.sampler.draw import fused_draw_for
 from services.engine.sampling_validation import Limits
-from services.engine.scheduler import Policy, Scheduler
+from services.engine.scheduler import Policy, ScheduledSequence, Scheduler
 from services.engine.sequence import Sequence
 from services.engine.sequence_group import SequenceGroup
 from services.engine.step_sampler import PendingSample, SampledToken, launch_sampling
@@ -287,6 +288,8 @@ class LLMEngine:
             batch, logits = ran
             self.scheduler.commit(scheduled)
             self._collect_prompt_logprobs(batch, logits)
+            fold_pooling(batch, logits)
+            outputs += self._finish_prefill_only(scheduled.scheduled)
             self._launch(batch, logits)
         if not self.overlap:
             outputs += self._collect()
@@ -340,6 +343,19 @@ class LLMEngine:
             hidden = logits.prompt_hidden[offset : offset + part.count]
             seq.prompt_logprobs += prompt_logprobs(hidden, self.runner.compute_logits, queries)
             offset += part.count
+
+    def _finish_prefill_only(self, scheduled: list[ScheduledSequence]) -> list[StepOutput]:
+        """End the prefill-only sequences whose prompt this step completed: their prompt log-probabilities
+        and pooled vector are in; they sample nothing. Reading the vector waits for this step's forward."""
+        outputs = []
+        for item in scheduled:
+            seq = item.seq
+            if not seq.prefill_only or seq.is_finished or seq.num_computed_tokens < seq.num_tokens:
+                continue
+            embedding = seq.pooling.result(seq.num_prompt_tokens) if seq.pooling is not None else None
+            step = self._finish(seq, Finish("length"))
+            outputs.append(StepOutput(step.request_id, replace(step.output, embedding=embedding)))
+        return outputs
 
     def _reap_aborted(self) -> list[StepOutput]:
         outputs = []
@@ -423,5 +439,6 @@ class LLMEngine:
             input_logprobs=list(seq.prompt_logprobs) if first_output else [],
             cumulative_logprob=seq.cumulative_logprob,
             request_finished=done,
+            hidden_states=seq.hidden_log.take() if seq.hidden_log is not None else [],
         )
         return StepOutput(seq.request.request_id, output)

@@ -176,6 +176,7 @@ def load_model(config: EngineConfig, tp: TensorParallel | None = None) -> Loaded
         generation_defaults=_generation_defaults(_sampling_defaults(config)),
         architecture=(hf_config.architectures or [type(model).__name__])[0],
         dtype=str(dtype).removeprefix("torch."),
+        hidden_size=int(hf_config.hidden_size),
     )
     log.info("model loaded", extra={"model": info.name, "device": str(device), "dtype": info.dtype})
     heads = int(hf_config.num_attention_heads)

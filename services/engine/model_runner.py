@@ -1,7 +1,10 @@
 """Builds one step's batch tensors, runs the model, returns the logits to sample from.
 
 Only sequences whose computed tokens reach their last token this step get
-logits (a prefill chunk that ends mid-prompt produces none). A token whose
+logits (a prefill chunk that ends mid-prompt produces none; a prefill-only
+request never does). The rows a pooling request pools, or a hidden-states
+request keeps (pooling.py), come back as hidden states, like the rows of prompt
+log-probabilities. A token whose
 sampling is still pending (a placeholder, see sequence.py) is taken from the
 previous step's token tensor on the device: building a batch never waits for
 the device. With decode graphs (cuda_graphs.py), a decode-only batch they fit
@@ -11,7 +14,7 @@ eagerly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +24,7 @@ from services.engine.block_manager import BlockManager
 from services.engine.cuda_graphs import DecodeGraphs
 from services.engine.lora.batch import LoraBatch
 from services.engine.lora.manager import LoraManager
+from services.engine.pooling import PoolRows, pool_rows
 from services.engine.scheduler import ScheduledSequence
 from services.engine.sequence import Sequence
 
@@ -44,6 +48,7 @@ class Batch:
     sample_rows: torch.Tensor  # (N,)
     sample_seqs: list[Sequence]
     prompt_rows: list[PromptLogprobRows]
+    pool_rows: list[PoolRows] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class StepLogits:
     sample: torch.Tensor  # (N, V) float32, rows of Batch.sample_seqs
     # (sum of PromptLogprobRows.count, hidden) final hidden states, in Batch.prompt_rows order.
     prompt_hidden: torch.Tensor | None
+    # (sum of PoolRows.count, hidden) final hidden states, in Batch.pool_rows order.
+    pool_hidden: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -86,6 +93,7 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
         prompt_rows: list[PromptLogprobRows] = []
+        pooled: list[PoolRows] = []
         token_slots: list[int] = []  # the LoRA slot of every token, -1: base model
         for item in scheduled:
             seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
@@ -99,7 +107,10 @@ class ModelRunner:
             query_start.append(query_start[-1] + count)
             seq_lens.append(end)
             tables.append(table)
-            if end == seq.num_tokens:
+            pool = pool_rows(seq, start, end, query_start[-2])
+            if pool is not None:
+                pooled.append(pool)
+            if end == seq.num_tokens and not seq.prefill_only:
                 sample_rows.append(query_start[-1] - 1)
                 sample_seqs.append(seq)
             target = seq.prompt_logprob_start
@@ -136,23 +147,24 @@ class ModelRunner:
             # placeholder(row) = -(row + 1): the token at that row of the pending step's tensor.
             rows = (-ids - 1).clamp_(min=0)  # (T,)
             ids = torch.where(ids < 0, pending_tokens[rows], ids)
-        return Batch(ids, context, tensor(sample_rows), sample_seqs, prompt_rows)
+        return Batch(ids, context, tensor(sample_rows), sample_seqs, prompt_rows, pooled)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepLogits:
-        """Logits for batch.sample_seqs, in that order, and the hidden states of prompt-logprob rows."""
+        """Logits for batch.sample_seqs, in that order, and the hidden states of prompt-logprob and pool rows."""
         # The graphs were captured without LoRA terms: a step with adapter tokens runs eagerly.
-        graphed = self.graphs is not None and not batch.prompt_rows and batch.context.lora is None
+        graphed = (
+            self.graphs is not None and not batch.prompt_rows and not batch.pool_rows and batch.context.lora is None
+        )
         if graphed and self.graphs is not None and self.graphs.fits(batch.context):
             return self._run_graph(batch, self.graphs)
         hidden = self.model(batch.input_ids, batch.context.positions, batch.context)  # (T, hidden)
-        prompt_hidden = None
-        if batch.prompt_rows:
-            rows = [r for pr in batch.prompt_rows for r in range(pr.first_row, pr.first_row + pr.count)]
-            prompt_hidden = hidden[torch.tensor(rows, device=hidden.device)]
+        prompt_hidden = _rows(hidden, batch.prompt_rows)
+        pool_hidden = _rows(hidden, batch.pool_rows)
         if not batch.sample_seqs:
-            return StepLogits(torch.empty(0, device=self.device), prompt_hidden)
-        return StepLogits(self.model.compute_logits(hidden[batch.sample_rows]), prompt_hidden)  # type: ignore[operator]
+            return StepLogits(torch.empty(0, device=self.device), prompt_hidden, pool_hidden)
+        logits = self.model.compute_logits(hidden[batch.sample_rows])  # type: ignore[operator]
+        return StepLogits(logits, prompt_hidden, pool_hidden)
 
     def _run_graph(self, batch: Batch, graphs: DecodeGraphs) -> StepLogits:
         logits = graphs.run(batch.input_ids, batch.context)  # (B, V), row b = sequence b
@@ -166,3 +178,11 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)  # type: ignore[operator,no-any-return]
+
+
+def _rows(hidden: torch.Tensor, parts: list[PromptLogprobRows] | list[PoolRows]) -> torch.Tensor | None:
+    """hidden (T, hidden) -> the rows the parts name, in order: (sum of counts, hidden); None for no parts."""
+    if not parts:
+        return None
+    rows = [r for part in parts for r in range(part.first_row, part.first_row + part.count)]
+    return hidden[torch.tensor(rows, device=hidden.device)]

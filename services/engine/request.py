@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from services.engine.logprobs import PositionLogprobs
+from services.engine.pooling import PoolingSettings
 from services.engine.sampling_params import SamplingSettings
 
 
@@ -20,6 +21,10 @@ class EngineRequest:
     # The LoRA adapter to run it with: a loaded adapter's name or the path it was loaded from
     # (None: the base model).
     lora_name: str | None = None
+    # Set: pool the prompt's hidden states and generate nothing (sampling.max_new_tokens is 0; pooling.py).
+    pooling: PoolingSettings | None = None
+    # Hand out the final hidden state of every computed position with the outputs (SGLang).
+    return_hidden_states: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,10 @@ class EngineOutput:
     cumulative_logprob: float = 0.0
     # The request's last output: every sample has finished.
     request_finished: bool = False
+    # The pooled prompt, on the only output of a pooling request that completed.
+    embedding: list[float] | None = None
+    # With return_hidden_states: the hidden states of the positions computed since the last output.
+    hidden_states: list[list[float]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -126,6 +126,8 @@ def resolve(
             "the constraint would apply to the thinking block too"
         )
     max_new, min_new = _lengths(f, limits)
+    if max_new == 0 and best_of > 1:
+        raise InvalidArgument(f"n and best_of must be 1 when max_new_tokens is 0 (prefill only), got {best_of}")
 
     temperature = f.get("temperature", 1.0)
     if temperature < 0.0:
@@ -275,13 +277,23 @@ def _processors(params: common_pb2.SamplingParams, limits: Limits) -> tuple[tupl
 def _lengths(f: _Fields, limits: Limits) -> tuple[int, int]:
     context, prompt = limits.max_model_len, limits.prompt_len
     room = context - prompt
+    if f.request.HasField("max_new_tokens") and f.request.max_new_tokens == 0:
+        # Prefill only (pooling, SGLang's prompt scoring): the prompt may fill the whole context.
+        if room < 0:
+            raise InvalidArgument(
+                f"This model's maximum context length is {context} tokens. However, your request has {prompt} "
+                "input tokens. Please shorten the input."
+            )
+        if f.get("min_new_tokens", 0) > 0:
+            raise InvalidArgument("min_new_tokens (min_tokens) must be 0 when max_new_tokens (max_tokens) is 0")
+        return 0, 0
     if room <= 0:
         raise InvalidArgument(
             f"This model's maximum context length is {context} tokens. However, your request has {prompt} "
             "input tokens, which leaves no room for output. Please shorten the input."
         )
     max_new = f.get("max_new_tokens", room)
-    if max_new < 1:
+    if max_new < 1:  # a default of 0 (generation_config): only an explicit 0 asks for prefill only
         raise InvalidArgument(f"max_new_tokens (max_tokens) must be at least 1, got {_fmt(max_new)}")
     if max_new > room:
         raise InvalidArgument(

@@ -151,8 +151,9 @@ class Scheduler:
                 break
             if seq.is_ending:
                 continue
-            # Prompt log-probabilities need every prompt position computed, so no prefix hit then.
-            use_cache = seq.prompt_logprob_start is None
+            # Prompt log-probabilities and mean/first pooling need every prompt position computed, so no
+            # prefix hit then.
+            use_cache = not seq.needs_every_prompt_position
             salt = seq.cache_salt
             cached = self.block_manager.match_prefix(seq.seq_id, seq.token_ids, salt) if use_cache else 0
             if use_cache and computing and self._next_block_is_computing(seq, cached, computing):

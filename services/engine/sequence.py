@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from services.engine.logprobs import PositionLogprobs
+from services.engine.pooling import HiddenStateLog, PoolingState
 from services.engine.request import EngineRequest, Finish
 
 if TYPE_CHECKING:
@@ -84,10 +85,18 @@ class Sequence:
     # The LoRA adapter the request resolved when it was added (None: the base model); kept for the
     # request's whole life, even if the adapter is unloaded meanwhile (lora/manager.py).
     lora: LoraAdapter | None = None
+    # The pooling in progress of a pooling request (pooling.py); None: it generates.
+    pooling: PoolingState | None = None
+    # The hidden states of a request with return_hidden_states (pooling.py); None: not asked for.
+    hidden_log: HiddenStateLog | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.request.input_ids)
+        if self.request.pooling is not None and self.pooling is None:
+            self.pooling = PoolingState(self.request.pooling)
+        if self.request.return_hidden_states and self.hidden_log is None:
+            self.hidden_log = HiddenStateLog()
         seed = self.request.sampling.seed
         if seed is not None:
             # Sample i of a seeded request draws from seed + i (as vLLM), so samples differ yet repeat.
@@ -126,6 +135,19 @@ class Sequence:
         return produced if produced < self.num_prompt_tokens else None
 
     @property
+    def needs_every_prompt_position(self) -> bool:
+        """Whether it needs the hidden state of prompt positions a prefix-cache hit would skip (prompt
+        log-probabilities, mean or first pooling, hidden states): then it computes the whole prompt."""
+        pooling = self.pooling is not None and self.pooling.settings.needs_every_position
+        return pooling or self.hidden_log is not None or self.prompt_logprob_start is not None
+
+    @property
+    def prefill_only(self) -> bool:
+        """Generates nothing (max_new_tokens 0: pooling, or SGLang's prompt scoring): it ends the step its
+        prompt is fully computed, and samples no token."""
+        return self.request.sampling.max_new_tokens == 0
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.request.input_ids)
 
@@ -153,8 +175,11 @@ class Sequence:
     @property
     def is_ending(self) -> bool:
         """Ends at the engine's next postprocess whatever it computes: it was aborted, or its newest token
-        (maybe a placeholder) is the last max_new_tokens allows. It computes nothing more (scheduler.py)."""
-        return self.abort_message is not None or self.num_output_tokens >= self.request.sampling.max_new_tokens
+        (maybe a placeholder) is the last max_new_tokens allows. It computes nothing more (scheduler.py).
+        A prefill-only sequence holds no output token: the engine ends it once its prompt is computed."""
+        if self.abort_message is not None:
+            return True
+        return not self.prefill_only and self.num_output_tokens >= self.request.sampling.max_new_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -13,6 +13,9 @@ and the Detokenize streams the same way.
 Tool calling: REQUIRED / NAMED constrain the engine to a JSON form (tool_constraint);
 every sample's Detokenize stream reads reasoning and tool calls out of its own text.
 
+A request with `pooling` (an embedding) generates nothing: the engine's one Complete carries the
+pooled vector, passed on as GenerateComplete.embedding.
+
 best_of > n: all best_of samples are generated and held back; the n with the
 highest cumulative log-probability are then sent, renumbered 0 .. n-1.
 """
@@ -113,6 +116,9 @@ async def _generate_once(
     )
     if request.HasField("priority"):
         engine_request.priority = request.priority
+    if request.HasField("pooling"):
+        engine_request.pooling.CopyFrom(request.pooling)
+    engine_request.return_hidden_states = request.return_hidden_states
     log.info(
         "generate",
         extra={"request_id": request_id, "engine_request_id": engine_request_id, "prompt_tokens": len(input_ids)},
@@ -250,7 +256,15 @@ class _Samples:
             return
         text = await self._text(chunk.index).push(list(chunk.token_ids), last=False)
         matched = _matched(text)
-        yield _chunk(chunk.index, text, chunk.token_ids, chunk.logprobs, chunk, last=matched is not None)
+        yield _chunk(
+            chunk.index,
+            text,
+            chunk.token_ids,
+            chunk.logprobs,
+            chunk,
+            last=matched is not None,
+            hidden=chunk.hidden_states,
+        )
         if matched is None:
             return
         self._ended.add(chunk.index)
@@ -283,9 +297,9 @@ class _Samples:
         usage.CopyFrom(done.usage)
         if text.reasoning_tokens:
             usage.reasoning_tokens = text.reasoning_tokens
-        if ids or text.text or text.reasoning_text or text.tool_calls:
-            yield _chunk(done.index, text, ids, done.logprobs, usage, last=True)
-        yield _complete(done.index, finish, usage, self._input_logprobs)
+        if ids or text.text or text.reasoning_text or text.tool_calls or done.hidden_states:
+            yield _chunk(done.index, text, ids, done.logprobs, usage, last=True, hidden=done.hidden_states)
+        yield _complete(done.index, finish, usage, self._input_logprobs, done.embedding)
 
 
 def _matched(text: tokenizer_pb2.DetokenizeResponse) -> common_pb2.FinishReason | None:
@@ -303,6 +317,7 @@ def _chunk(
     logprobs: object,
     counts: engine_pb2.EngineChunk | common_pb2.Usage,
     last: bool = False,
+    hidden: object = (),
 ) -> inference_pb2.GenerateResponse:
     """A chunk of one sample: the tokenizer's text, reasoning and tool calls, with the engine's tokens and counts.
     `last`: the sample's Complete is sent right after it."""
@@ -319,12 +334,17 @@ def _chunk(
             completion_tokens=counts.completion_tokens,
             cached_tokens=counts.cached_tokens,
             last=last,
+            hidden_states=hidden,  # type: ignore[arg-type]
         )
     )
 
 
 def _complete(
-    index: int, finish: common_pb2.FinishReason, usage: common_pb2.Usage, input_logprobs: object
+    index: int,
+    finish: common_pb2.FinishReason,
+    usage: common_pb2.Usage,
+    input_logprobs: object,
+    embedding: object = (),
 ) -> inference_pb2.GenerateResponse:
     return inference_pb2.GenerateResponse(
         complete=inference_pb2.GenerateComplete(
@@ -332,5 +352,6 @@ def _complete(
             finish_reason=finish,
             usage=usage,
             input_logprobs=input_logprobs,  # type: ignore[arg-type]
+            embedding=embedding,  # type: ignore[arg-type]
         )
     )

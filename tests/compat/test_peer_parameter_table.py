@@ -16,6 +16,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from gateway.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, NativeGenerateRequest, NativeSamplingParams
 from tests.compat.conftest import MODEL
 from tests.compat.peer_parameters import PEER_PARAMETERS
@@ -34,6 +35,10 @@ BASES: dict[str, tuple[dict[str, Any], type[BaseModel]]] = {
     ),
     "/generate": ({"text": "Hi", "sampling_params": {"max_new_tokens": 2}}, NativeGenerateRequest),
     SAMPLING_PARAMS: ({"text": "Hi", "sampling_params": {"max_new_tokens": 2}}, NativeSamplingParams),
+    "/v1/embeddings": ({"model": MODEL, "input": "Hi"}, EmbeddingRequest),
+    "/pooling": ({"model": MODEL, "input": "Hi"}, EmbeddingRequest),
+    "/score": ({"model": MODEL, "text_1": "Hi", "text_2": "Ho"}, ScoreRequest),
+    "/rerank": ({"model": MODEL, "query": "Hi", "documents": ["Ho"]}, RerankRequest),
 }
 
 ROW = re.compile(

@@ -24,9 +24,9 @@ REFUSED = [
     ("/v1/completions", {"early_stopping": True}, "early_stopping"),
     ("/v1/chat/completions", {"early_stopping": "never"}, "early_stopping"),
     ("/v1/completions", {"prompt_logprobs": 1, "prompt_logprobs_temperature": 0.5}, "prompt_logprobs_temperature"),
-    ("/v1/chat/completions", {"return_hidden_states": True}, "return_hidden_states"),
+    # Hidden states come with whole replies only on the OpenAI routes (SGLang streams them on /generate).
+    ("/v1/chat/completions", {"return_hidden_states": True, "stream": True}, "return_hidden_states"),
     ("/v1/completions", {"return_routed_experts": True}, "return_routed_experts"),
-    ("/generate", {"return_hidden_states": True}, "return_hidden_states"),
     ("/generate", {"return_routed_experts": True}, "return_routed_experts"),
     ("/generate", {"routed_experts_start_len": 4}, "routed_experts_start_len"),
     (

@@ -65,6 +65,17 @@ def test_logprob_options_resolve() -> None:
     assert settings(common_pb2.LogprobOptions(logprob_start_len=-1)).logprobs.prompt_start is None
 
 
+def test_an_explicit_zero_max_new_tokens_is_prefill_only_even_for_a_full_context() -> None:
+    assert settings(max_new_tokens=0).max_new_tokens == 0
+    full = Limits(prompt_len=100, max_model_len=100, vocab_size=50, max_logprobs=5)
+    assert resolve(common_pb2.SamplingParams(max_new_tokens=0), common_pb2.SamplingParams(), full).max_new_tokens == 0
+    over = Limits(prompt_len=101, max_model_len=100, vocab_size=50, max_logprobs=5)
+    with pytest.raises(InvalidArgument, match="maximum context length is 100 tokens"):
+        resolve(common_pb2.SamplingParams(max_new_tokens=0), common_pb2.SamplingParams(), over)
+    with pytest.raises(InvalidArgument, match="leaves no room for output"):  # unset: it generates
+        resolve(common_pb2.SamplingParams(), common_pb2.SamplingParams(), full)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -78,7 +89,8 @@ def test_logprob_options_resolve() -> None:
         ({"presence_penalty": -3.0}, r"presence_penalty must be in \[-2, 2\], got -3"),
         ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \(0, 2\], got 0"),
         ({"repetition_penalty": 2.5}, r"repetition_penalty must be in \(0, 2\]"),
-        ({"max_new_tokens": 0}, r"max_new_tokens \(max_tokens\) must be at least 1, got 0"),
+        ({"max_new_tokens": 0, "n": 2}, "n and best_of must be 1 when max_new_tokens is 0"),
+        ({"max_new_tokens": 0, "min_new_tokens": 1}, r"min_new_tokens \(min_tokens\) must be 0 when"),
         ({"max_new_tokens": 91}, "maximum context length is 100 tokens. However, your request has 10 input tokens"),
         ({"min_new_tokens": 50, "max_new_tokens": 10}, r"min_new_tokens \(min_tokens\) must not exceed"),
         ({"n": 0}, "n must be at least 1, got 0"),

@@ -142,7 +142,6 @@ async def test_add_special_tokens_goes_on_the_request(
         ("/v1/completions", {"top_p": 0}),
         ("/v1/completions", {"top_p": 1.5}),
         ("/v1/completions", {"n": 0}),
-        ("/v1/completions", {"max_tokens": 0}),
         ("/v1/completions", {"max_tokens": 4, "min_tokens": 5}),
         ("/v1/completions", {"presence_penalty": 3}),
         ("/v1/completions", {"top_k": -2}),
@@ -165,11 +164,28 @@ async def test_value_ranges_are_left_to_the_engine(
 
 
 async def test_out_of_range_values_travel_as_given(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
-    body = {"prompt": "x", "temperature": -1, "n": 0, "max_tokens": 0, "min_tokens": 5, "logit_bias": {"1": 101}}
+    body = {"prompt": "x", "temperature": -1, "n": 0, "max_tokens": 3, "min_tokens": 5, "logit_bias": {"1": 101}}
     assert (await client.post("/v1/completions", json=body)).status_code == 200
     sp = fake_router.requests[0].sampling_params
-    assert (sp.temperature, sp.n, sp.max_new_tokens, sp.min_new_tokens) == (-1.0, 0, 0, 5)
+    assert (sp.temperature, sp.n, sp.max_new_tokens, sp.min_new_tokens) == (-1.0, 0, 3, 5)
     assert sp.HasField("n") and dict(sp.logit_bias) == {1: 101.0}
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/completions", "max_tokens"),
+        ("/v1/chat/completions", "max_tokens"),
+        ("/v1/chat/completions", "max_completion_tokens"),
+    ],
+)
+async def test_openai_routes_refuse_zero_max_tokens_as_vllm(
+    client: httpx.AsyncClient, fake_router: FakeRouter, path: str, field: str
+) -> None:
+    """The engine takes 0 as prefill only (SGLang /generate); vLLM's /v1 routes refuse it."""
+    response = await client.post(path, json={**BASE[path], field: 0})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field and not fake_router.requests
 
 
 LOGPROB_CASES = [
