@@ -10,11 +10,21 @@ from fastapi import Depends, FastAPI
 from fastapi.telemetry import TelemetryConfig
 from starlette.middleware.cors import CORSMiddleware
 
-from gateway import engines_api, lora_api, metrics, native_api, openai_api, server_api, tokenize_api
+from gateway import (
+    engines_api,
+    lora_api,
+    metrics,
+    native_api,
+    openai_api,
+    responses_api,
+    server_api,
+    tokenize_api,
+)
 from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPathMiddleware
 from gateway.request_id import RequestIdMiddleware
+from gateway.responses_store import ResponseStore
 from gateway.router_client import RouterClient
 from gateway.text_validity import refuse_invalid_text
 from turnout import __version__
@@ -62,11 +72,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.config = config
     # Reported as every model's `created`: the contract has no creation time.
     app.state.created = int(time.time())
+    app.state.responses = ResponseStore(config.responses_store_size)
     install_handlers(app)
     app.state.metrics = metrics.GatewayMetrics()
     app.add_middleware(metrics.Observability, metrics=app.state.metrics)
     app.include_router(metrics.router)
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
     app.include_router(native_api.router)
     app.include_router(engines_api.router)
     app.include_router(tokenize_api.router)
