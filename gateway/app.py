@@ -11,7 +11,9 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.middleware.cors import CORSMiddleware
 
 from gateway import (
+    audio_api,
     engines_api,
+    invocations_api,
     lora_api,
     metrics,
     native_api,
@@ -84,6 +86,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(tokenize_api.router)
     app.include_router(server_api.router)
     app.include_router(lora_api.router)
+    app.include_router(invocations_api.router)
+    app.include_router(audio_api.router)
     # The last added runs first: CORS answers preflights before the key is checked, the
     # size limit applies to authenticated requests only, and every response gets its id.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)

@@ -219,9 +219,17 @@ class FakeAdmin(router_admin_pb2_grpc.RouterAdminServicer):
         self.flushes = 0
         # The `authorization` each FlushCache came with.
         self.authorizations: list[str] = []
+        # The router's own counts of requests holding a slot and waiting for one.
+        self.active_requests = 0
+        self.queued_requests = 0
 
     async def ListEngines(self, request: Any, context: Any) -> Any:
-        return router_admin_pb2.ListEnginesResponse(policy="round_robin", engines=self.engines)
+        return router_admin_pb2.ListEnginesResponse(
+            policy="round_robin",
+            engines=self.engines,
+            active_requests=self.active_requests,
+            queued_requests=self.queued_requests,
+        )
 
     async def FlushCache(self, request: engine_pb2.FlushCacheRequest, context: Any) -> Any:
         self.flushes += 1
