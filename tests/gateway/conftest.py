@@ -189,6 +189,12 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         return inference_pb2.DetokenizeTextResponse(text=fake_decode(request.token_ids, skip))
 
+    async def GetTokenizerInfo(self, request: Any, context: Any) -> Any:
+        if request.model and request.model not in {m.name for m in self.models}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
+        config = {"bos_token": "<s>", "model_max_length": 2048, "chat_template": "{{ messages }}"}
+        return common_pb2.TokenizerInfo(tokenizer_class="PreTrainedTokenizerFast", config_json=json.dumps(config))
+
     async def ListModels(self, request: Any, context: Any) -> Any:
         if self.list_error is not None:
             await context.abort(self.list_error, "router is down")

@@ -1,5 +1,5 @@
-"""Peers' routes beyond the OpenAI core: `/load` (vLLM, SGLang), `/invocations` (SageMaker, dispatched by
-the body's shape as vLLM does) and the audio routes we answer with a 400 (no audio models)."""
+"""Peers' routes beyond the OpenAI core: `/tokenizer_info` (vLLM), `/load` (vLLM, SGLang), `/invocations`
+(SageMaker, dispatched by the body's shape as vLLM does) and the audio routes we answer with a 400."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import FakeRouter, sse_events
+
+
+async def test_tokenizer_info_is_the_class_and_its_settings(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/tokenizer_info")).json() == {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "model_max_length": 2048,
+        "chat_template": "{{ messages }}",
+    }
+    assert (await client.get("/tokenizer_info", params={"model": "nope"})).status_code == 404
 
 
 async def test_load_is_the_routers_count(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
