@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -82,7 +82,9 @@ async def _run(builder: ResponseBuilder, generation: Generation) -> None:
             builder.feed(event)
 
 
-async def _events(builder: ResponseBuilder, generation: Generation, keep: Any) -> AsyncGenerator[dict[str, Any], None]:
+async def _events(
+    builder: ResponseBuilder, generation: Generation, keep: Callable[[], None]
+) -> AsyncGenerator[dict[str, Any], None]:
     for event in builder.start():
         yield event
     try:
