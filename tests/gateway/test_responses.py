@@ -238,3 +238,18 @@ async def test_refused_with_the_field_named(
 async def test_unknown_response_id_is_404(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v1/responses/resp_nope")).status_code == 404
     assert (await client.delete("/v1/responses/resp_nope")).status_code == 404
+
+
+async def test_a_failure_mid_stream_is_an_error_event_and_not_stored(
+    client: httpx.AsyncClient, fake_router: FakeRouter
+) -> None:
+    async def script(request: Any, context: Any) -> AsyncIterator[Any]:
+        yield chunk(0, "Hel", (11,), completion=1)
+        yield complete(0, abort="engine lost")
+
+    fake_router.script = script
+    events = typed_events((await client.post("/v1/responses", json={"input": "Hi", "stream": True})).text)
+    assert events[-1]["type"] == "error" and "engine lost" in events[-1]["message"]
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["Hel"]
+    response_id = events[0]["response"]["id"]
+    assert (await client.get(f"/v1/responses/{response_id}")).status_code == 404
