@@ -79,6 +79,12 @@ async def test_sdk_create_and_stream_agree(sdk: openai.AsyncOpenAI, fake_router:
     final = events[-1].response  # type: ignore[union-attr]
     assert final.output_text == "Hello world" and final.status == "completed" and final.usage is not None
 
+    # The SDK's stream helper checks that items keep their identity from added to done.
+    async with sdk.responses.stream(model="tiny", input="Hi") as helper:
+        texts = [e.delta async for e in helper if e.type == "response.output_text.delta"]
+        accumulated = await helper.get_final_response()
+    assert "".join(texts) == accumulated.output_text == "Hello world"
+
 
 async def test_max_output_tokens_is_incomplete(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
     async def script(request: Any, context: Any) -> AsyncIterator[Any]:
