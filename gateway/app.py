@@ -11,12 +11,15 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.middleware.cors import CORSMiddleware
 
 from gateway import (
+    audio_api,
     embeddings_api,
     engines_api,
+    invocations_api,
     lora_api,
     metrics,
     native_api,
     openai_api,
+    responses_api,
     score_api,
     server_api,
     tokenize_api,
@@ -25,6 +28,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPathMiddleware
 from gateway.request_id import RequestIdMiddleware
+from gateway.responses_store import ResponseStore
 from gateway.router_client import RouterClient
 from gateway.text_validity import refuse_invalid_text
 from turnout import __version__
@@ -72,11 +76,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.config = config
     # Reported as every model's `created`: the contract has no creation time.
     app.state.created = int(time.time())
+    app.state.responses = ResponseStore(config.responses_store_size)
     install_handlers(app)
     app.state.metrics = metrics.GatewayMetrics()
     app.add_middleware(metrics.Observability, metrics=app.state.metrics)
     app.include_router(metrics.router)
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
     app.include_router(native_api.router)
     app.include_router(engines_api.router)
     app.include_router(tokenize_api.router)
@@ -84,6 +90,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(lora_api.router)
     app.include_router(embeddings_api.router)
     app.include_router(score_api.router)
+    app.include_router(invocations_api.router)
+    app.include_router(audio_api.router)
     # The last added runs first: CORS answers preflights before the key is checked, the
     # size limit applies to authenticated requests only, and every response gets its id.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)

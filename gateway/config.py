@@ -14,6 +14,9 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 # 32 MiB: far above any prompt that fits a context, far below what hurts the process.
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+# Responses kept for previous_response_id and GET /v1/responses/{id}: each holds its whole
+# conversation, so the count is the bound on the store's memory (x the largest conversation).
+DEFAULT_RESPONSES_STORE_SIZE = 1024
 # A batch runs all its prompts at once: 1024 fills, and does not overflow, the router's
 # default concurrency (--max-concurrent-requests) and the engine's queue (--max-waiting-requests).
 DEFAULT_MAX_CLIENT_BATCH_SIZE = 1024
@@ -49,6 +52,7 @@ class GatewayConfig:
     `allowed_*` / `allow_credentials`: the CORS policy (vLLM's flags and defaults).
     `root_path`: the prefix a reverse proxy serves the gateway under.
     `max_request_bytes`: larger request bodies are answered 413.
+    `responses_store_size`: most responses `/v1/responses` keeps (an LRU in memory).
     `max_client_batch_size`: most prompts (or texts, or token lists) in one request's batch
     (TGI's `--max-client-batch-size`); a larger batch is answered 400.
     """
@@ -83,6 +87,10 @@ class GatewayConfig:
     max_request_bytes: int = flag(DEFAULT_MAX_REQUEST_BYTES, "larger request bodies are answered 413")
     max_client_batch_size: int = flag(
         DEFAULT_MAX_CLIENT_BATCH_SIZE, "most prompts in one request's batch; a larger batch is answered 400"
+    )
+    responses_store_size: int = flag(
+        DEFAULT_RESPONSES_STORE_SIZE,
+        "most responses /v1/responses keeps for previous_response_id (least recently used go first); 0: none",
     )
     # vLLM's --response-role: the role of the assistant's message in chat completion responses.
     response_role: str = flag("assistant", "role of the reply message in chat completions")
@@ -126,6 +134,8 @@ class GatewayConfig:
             raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
         if not self.response_role.strip():
             raise ValueError("response_role must not be empty")
+        if self.responses_store_size < 0:
+            raise ValueError(f"responses_store_size must be >= 0, got {self.responses_store_size}")
         if self.max_client_batch_size < 1:
             raise ValueError(f"max_client_batch_size must be positive, got {self.max_client_batch_size}")
 

@@ -111,6 +111,11 @@ class RouterClient:
         reply = await self.stub.Detokenize(request, timeout=self.timeout_s)
         return reply.text
 
+    async def tokenizer_info(self, model: str | None) -> common_pb2.TokenizerInfo:
+        request = inference_pb2.TokenizerInfoRequest(model=self.router_model(model))
+        await self.connected()
+        return await self.stub.GetTokenizerInfo(request, timeout=self.timeout_s)
+
     async def list_models(self, timeout_s: float | None = None) -> list[common_pb2.ModelInfo]:
         await self.connected(timeout_s)
         reply = await self.stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout_s or self.timeout_s)

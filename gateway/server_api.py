@@ -1,4 +1,5 @@
-"""The server's own state: `/health`, `/health_generate`, `/version`, `/get_server_info`, `/flush_cache`.
+"""The server's own state: `/health`, `/health_generate`, `/version`, `/get_server_info`, `/load`,
+`/flush_cache`.
 
 `/health` is cheap (two metadata calls to the router) and says 503 unless the
 router answers, serves a model and has at least one engine it would route
@@ -95,6 +96,26 @@ async def get_server_info(request: Request) -> dict[str, Any]:
         "api_key_required": bool(config.security.api_keys),
         **settings,
         "internal_states": [engine_json(e) for e in engines.engines],
+    }
+
+
+@router.get("/load")
+async def load(request: Request) -> dict[str, Any]:
+    """vLLM's `server_load`: the generate requests the stack holds now (running or queued at the
+    router), and each engine's own count of running and waiting requests (SGLang's `num_reqs`,
+    `num_waiting_reqs`) and KV-cache use, as the router last heard them."""
+    reply = await router_of(request).list_engines()
+    return {
+        "server_load": reply.active_requests + reply.queued_requests,
+        "engines": [
+            {
+                "address": e.address,
+                "num_reqs": e.running_requests,
+                "num_waiting_reqs": e.waiting_requests,
+                "kv_cache_usage": round(e.kv_cache_usage, 4),
+            }
+            for e in reply.engines
+        ],
     }
 
 

@@ -1,7 +1,10 @@
 """Server-sent events: `data: {json}\\n\\n` frames, a final `data: [DONE]`, errors as events.
 
 Once a stream has started the status is 200 for good, so an error after that
-becomes a `data: {"error": {...}}` event followed by `data: [DONE]`.
+becomes a `data: {"error": {...}}` event followed by `data: [DONE]`. The
+Responses API's typed events (`typed_frames`) name each event's type in an
+`event:` line and end without `[DONE]`, as OpenAI sends them; their source
+turns its own errors into an `error` event.
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ async def frames(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator
         except Exception as exc:
             yield encode(to_http_error(exc).body())
     yield DONE
+
+
+async def typed_frames(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[bytes, None]:
+    """`event: {type}` + `data: {json}` per event (each has a `type`)."""
+    async with contextlib.aclosing(events):
+        async for event in events:
+            yield b"event: " + event["type"].encode() + b"\n" + encode(event)
 
 
 class SSEResponse(StreamingResponse):

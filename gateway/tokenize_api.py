@@ -7,11 +7,13 @@ answers `{"count", "max_model_len", "tokens", "token_strs"}`; for a batch,
 `count` and `tokens` are lists with one entry per text. `token_strs` is each
 token decoded alone (vLLM shows raw vocabulary pieces instead, like `Ġhi`).
 `/detokenize` answers the text under both peers' names: `prompt` (vLLM) and
-`text` (SGLang).
+`text` (SGLang). `GET /tokenizer_info` is vLLM's: the tokenizer's class and its
+tokenizer_config.json settings, with the chat template it renders chats with.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -93,6 +95,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         "tokens": list(reply.input_ids),
         "token_strs": list(reply.token_strs) if body.return_token_strs else None,
     }
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request, model: str | None = None) -> dict[str, Any]:
+    """vLLM's shape: `tokenizer_class` and the settings beside it (`?model=` picks a served model)."""
+    info = await router_of(request).tokenizer_info(model)
+    return {"tokenizer_class": info.tokenizer_class, **json.loads(info.config_json or "{}")}
 
 
 @router.post("/detokenize")

@@ -68,6 +68,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         reply = await self._tokenizers.retrying(lambda tokenizer: tokenizer.Decode(decode))
         return inference_pb2.DetokenizeTextResponse(text=reply.text)
 
+    async def GetTokenizerInfo(
+        self, request: inference_pb2.TokenizerInfoRequest, context: aio.ServicerContext
+    ) -> common_pb2.TokenizerInfo:
+        self._engines.resolve_model(request.model)
+        return await self._tokenizers.retrying(
+            lambda tokenizer: tokenizer.GetInfo(tokenizer_pb2.GetTokenizerInfoRequest())
+        )
+
     async def ListModels(
         self, request: inference_pb2.ListModelsRequest, context: aio.ServicerContext
     ) -> inference_pb2.ListModelsResponse:

@@ -4,6 +4,7 @@ tool-call parsing) and per-token texts."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -181,6 +182,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         ids = self._check_token_ids(request.token_ids, "TokenTexts")
         texts, token_bytes = await self._lanes.run(len(ids), functools.partial(self._tokenizer.token_texts, ids))
         return tokenizer_pb2.TokenTextsResponse(texts=texts, token_bytes=token_bytes)
+
+    async def GetInfo(
+        self, request: tokenizer_pb2.GetTokenizerInfoRequest, context: aio.ServicerContext
+    ) -> common_pb2.TokenizerInfo:
+        tokenizer_class, config = self._tokenizer.settings()
+        return common_pb2.TokenizerInfo(tokenizer_class=tokenizer_class, config_json=json.dumps(config))
 
     def _check_prompt_bytes(self, text: str, what: str) -> int:
         """The UTF-8 size of `text`; InvalidArgument past --max-prompt-bytes, before any encoding."""

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from services.tokenizer.detokenizer import decode
@@ -44,6 +44,16 @@ class TextTokenizer:
     def template_variables(self) -> dict[str, Any]:
         """What every chat template sees besides the conversation: the special tokens (bos_token, …)."""
         return dict(self._hf.special_tokens_map)
+
+    def settings(self) -> tuple[str, dict[str, Any]]:
+        """The transformers class and tokenizer_config.json's settings as loaded (special tokens as their
+        text; values with no JSON form left out), with `chat_template` the one chats render with (vLLM's
+        /tokenizer_info)."""
+        config = {key: shown for key, value in self._hf.init_kwargs.items() if (shown := _as_json(value)) is not _NONE}
+        config.pop("chat_template", None)
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        return type(self._hf).__name__, config
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         [encoding] = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)
@@ -86,3 +96,20 @@ def _read_template(value: str | None) -> str | None:
     if len(value) < 4096 and path.is_file():
         return path.read_text()
     return value
+
+
+_NONE = object()
+
+
+def _as_json(value: Any) -> Any:
+    """`value` as JSON data: an AddedToken as its text, containers item by item; _NONE if it has no JSON form."""
+    if isinstance(value, AddedToken):
+        return value.content
+    if isinstance(value, dict):
+        items = {str(k): _as_json(v) for k, v in value.items()}
+        return {k: v for k, v in items.items() if v is not _NONE}
+    if isinstance(value, (list, tuple)):
+        return [v for v in map(_as_json, value) if v is not _NONE]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return _NONE

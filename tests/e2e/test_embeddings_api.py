@@ -239,3 +239,12 @@ def test_hidden_states_on_generate_and_completions(http: httpx.Client, client: o
     )
     last = (reply.choices[0].model_extra or {})["hidden_states"]
     assert close(last, states[-1], tol=2e-2 * max(abs(x) for x in states[-1]))
+
+
+def test_invocations_with_input_is_answered_as_embeddings(http: httpx.Client, model: str) -> None:
+    """SageMaker's /invocations sends a body with `input` to /v1/embeddings (vLLM's dispatch)."""
+    body = {"model": model, "input": ["Hello", "world"]}
+    direct = http.post("/v1/embeddings", json=body)
+    invoked = http.post("/invocations", json=body)
+    assert direct.status_code == invoked.status_code == 200, invoked.text
+    assert [d["embedding"] for d in invoked.json()["data"]] == [d["embedding"] for d in direct.json()["data"]]

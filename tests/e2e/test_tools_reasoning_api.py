@@ -215,6 +215,31 @@ def test_reasoning_streamed_equals_whole(thinking_stack: Stack) -> None:
     assert pieces == [reasoning]
 
 
+def test_responses_reasoning_item_is_chats_reasoning_content(thinking_stack: Stack) -> None:
+    """/v1/responses with a reasoning parser: the thinking text is a `reasoning` output item before the
+    message, whole and streamed, and its tokens are counted where OpenAI puts them."""
+    client = openai_client(thinking_stack)
+    extra = {"thinking_budget": 24, "ignore_eos": True}
+    chat = client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "think"}], max_tokens=40, temperature=0, extra_body=extra
+    )
+    reasoning = getattr(chat.choices[0].message, "reasoning_content", None)
+    assert reasoning and chat.usage is not None and chat.usage.completion_tokens_details is not None
+    kwargs: dict[str, Any] = {"model": "", "input": "think", "max_output_tokens": 40, "temperature": 0}
+    reply = client.responses.create(**kwargs, extra_body=extra)
+    assert [item.type for item in reply.output] == ["reasoning", "message"]
+    assert reply.output[0].content[0].text == reasoning  # type: ignore[union-attr,index]
+    assert reply.output_text == chat.choices[0].message.content
+    assert reply.usage is not None
+    assert reply.usage.output_tokens_details.reasoning_tokens == chat.usage.completion_tokens_details.reasoning_tokens
+
+    events = list(client.responses.create(**kwargs, extra_body=extra, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == reasoning and len(deltas) > 1
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message"]
+
+
 def test_separate_reasoning_off_keeps_the_block_in_content(thinking_stack: Stack) -> None:
     reply = _thinking_reply(thinking_stack, 3, separate_reasoning=False)
     message = reply["choices"][0]["message"]

@@ -189,6 +189,12 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         return inference_pb2.DetokenizeTextResponse(text=fake_decode(request.token_ids, skip))
 
+    async def GetTokenizerInfo(self, request: Any, context: Any) -> Any:
+        if request.model and request.model not in {m.name for m in self.models}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
+        config = {"bos_token": "<s>", "model_max_length": 2048, "chat_template": "{{ messages }}"}
+        return common_pb2.TokenizerInfo(tokenizer_class="PreTrainedTokenizerFast", config_json=json.dumps(config))
+
     async def ListModels(self, request: Any, context: Any) -> Any:
         if self.list_error is not None:
             await context.abort(self.list_error, "router is down")
@@ -219,9 +225,17 @@ class FakeAdmin(router_admin_pb2_grpc.RouterAdminServicer):
         self.flushes = 0
         # The `authorization` each FlushCache came with.
         self.authorizations: list[str] = []
+        # The router's own counts of requests holding a slot and waiting for one.
+        self.active_requests = 0
+        self.queued_requests = 0
 
     async def ListEngines(self, request: Any, context: Any) -> Any:
-        return router_admin_pb2.ListEnginesResponse(policy="round_robin", engines=self.engines)
+        return router_admin_pb2.ListEnginesResponse(
+            policy="round_robin",
+            engines=self.engines,
+            active_requests=self.active_requests,
+            queued_requests=self.queued_requests,
+        )
 
     async def FlushCache(self, request: engine_pb2.FlushCacheRequest, context: Any) -> Any:
         self.flushes += 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc import aio
+from transformers import AutoTokenizer
 
 from services.tokenizer.service import TokenizerServicer
 from services.tokenizer.text_tokenizer import TextTokenizer
@@ -152,3 +153,25 @@ async def test_token_texts_refuse_ids_outside_the_vocabulary(stub: tokenizer_pb2
         await stub.TokenTexts(tokenizer_pb2.TokenTextsRequest(token_ids=[5, 123456]))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == "token id 123456 is out of range for a vocabulary of 49152"
+
+
+async def test_get_info_is_the_tokenizer_config_as_loaded(
+    stub: tokenizer_pb2_grpc.TokenizerStub, default_model_dir: Path
+) -> None:
+    info = await stub.GetInfo(tokenizer_pb2.GetTokenizerInfoRequest())
+    hf = AutoTokenizer.from_pretrained(default_model_dir)
+    assert info.tokenizer_class == type(hf).__name__
+    config = json.loads(info.config_json)
+    saved = json.loads((default_model_dir / "tokenizer_config.json").read_text())
+    for key in ("bos_token", "eos_token", "model_max_length"):
+        if key in saved and isinstance(saved[key], (str, int)):
+            assert config[key] == saved[key]
+    assert config["chat_template"] == hf.chat_template
+
+
+async def test_get_info_shows_the_configured_chat_template(default_model_dir: Path, tmp_path: Path) -> None:
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    async for stub in _serve(TextTokenizer(default_model_dir, str(template))):
+        info = await stub.GetInfo(tokenizer_pb2.GetTokenizerInfoRequest())
+        assert json.loads(info.config_json)["chat_template"] == template.read_text()
