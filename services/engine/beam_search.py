@@ -118,7 +118,7 @@ class BeamSearch:
         n = self.request.sampling.n
         chosen = list(self.finished[:n])
         for beam in self.beams[: n - len(chosen)]:
-            chosen.append(self._finished(beam, list(beam.output_ids), beam.cumulative_logprob, Finish("length"), []))
+            chosen.append(self._finished(list(beam.output_ids), beam.cumulative_logprob, Finish("length"), []))
         return chosen
 
     def outputs(self, abort: Finish | None = None) -> list[EngineOutput]:
@@ -177,7 +177,8 @@ class BeamSearch:
                 [LogprobQuery(t, asked.top_n, asked.token_ids) for t in tokens.tolist()],
             )
         out = []
-        for i, (value, parent, token) in enumerate(zip(values.tolist(), parents.tolist(), tokens.tolist(), strict=True)):
+        found = zip(values.tolist(), parents.tolist(), tokens.tolist(), strict=True)
+        for i, (value, parent, token) in enumerate(found):
             if value == float("-inf"):
                 break  # banned everywhere from here on
             beam = beams[parent]
@@ -200,13 +201,13 @@ class BeamSearch:
             return
         for c in ended:
             logprobs = c.parent.pending_logprobs + ([c.logprobs] if c.logprobs is not None else [])
-            beam = self._finished(c.parent, c.parent.output_ids + [c.token_id], c.cumulative_logprob, c.finish, logprobs)
-            self.finished.append(beam)
+            ids = [*c.parent.output_ids, c.token_id]
+            self.finished.append(self._finished(ids, c.cumulative_logprob, c.finish, logprobs))
         # Stable: of equal scores the earlier finished beam stays ahead.
         self.finished = sorted(self.finished, key=lambda b: -b.score)[:width]
 
     def _finished(
-        self, beam: Sequence, ids: list[int], cumulative: float, finish: Finish | None, logprobs: list[PositionLogprobs]
+        self, ids: list[int], cumulative: float, finish: Finish | None, logprobs: list[PositionLogprobs]
     ) -> FinishedBeam:
         assert finish is not None
         score = cumulative / len(ids) ** self.settings.length_penalty

@@ -15,9 +15,9 @@ Sequence s holds block_tables[s]; entry j is the physical block of its positions
                                           key of the identical cached block
     prefix cache off                      no block ever has a key; evictable is always empty
 
-The scheduler's order per sequence: match_prefix() (or fork(), maybe followed by copy_tail()) once while it has no blocks, allocate() before every
-step (on False, free() undoes a prefix hit too), cache_full_blocks() after the step's K/V are written,
-free() when it finishes or is preempted.
+The scheduler's order per sequence: match_prefix() (or fork(), maybe then copy_tail()) once while it has no
+blocks, allocate() before every step (on False, free() undoes a prefix hit too), cache_full_blocks() after
+the step's K/V are written, free() when it finishes or is preempted.
 """
 
 from __future__ import annotations

@@ -125,7 +125,9 @@ def resolve(
     f = _Fields(params, defaults)
     # First what bounds the request's size: nothing below allocates per sample or compiles anything.
     n, best_of = _samples(f, limits)
-    beam = _beam(params, f, best_of) if beam_search else _no_beam(params)
+    if not beam_search:
+        _check_no_beam(params)
+    beam = _beam(params, f, best_of) if beam_search else None
     _check_stops(params, limits)
     constraint = _constraint(params, limits)
     processors, thinking_budget = _processors(params, limits)
@@ -245,7 +247,7 @@ def _beam(params: common_pb2.SamplingParams, f: _Fields, width: int) -> BeamSett
     return BeamSettings(width, length_penalty, _EARLY_STOPPING[early_stopping])  # type: ignore[arg-type]
 
 
-def _no_beam(params: common_pb2.SamplingParams) -> None:
+def _check_no_beam(params: common_pb2.SamplingParams) -> None:
     """Without beam search its knobs must keep their defaults (as vLLM)."""
     if params.HasField("early_stopping") and params.early_stopping != "false":
         raise InvalidArgument("early_stopping is not effective and must be False when not using beam search")
