@@ -81,9 +81,8 @@ class BeamSearch:
         # At most `width`, best score first.
         self.finished: list[FinishedBeam] = []
         self.done = False
-        # The prompt's log-probabilities, gathered by the first beam while it computes the prompt.
-        self.prompt_logprobs = first.prompt_logprobs
-        self.num_cached_tokens = first.num_cached_tokens
+        # Computes the prompt: its prefix-cache hit and prompt log-probabilities are the request's.
+        self._first = first
         # seq_id -> its logits row (V,) for its current tokens.
         self._rows: dict[str, torch.Tensor] = {}
         # Hugging Face's is_early_stop_heuristic_unsatisfied: once False, it stays False.
@@ -134,11 +133,11 @@ class BeamSearch:
                     token_ids=list(ids),
                     prompt_tokens=len(self.request.input_ids),
                     completion_tokens=len(ids),
-                    cached_tokens=self.num_cached_tokens,
+                    cached_tokens=self._first.num_cached_tokens,
                     finish=beam.finish if beam is not None else abort,
                     index=i,
                     logprobs=list(beam.logprobs) if beam is not None and sampling.logprobs.any_output else [],
-                    input_logprobs=list(self.prompt_logprobs) if i == 0 else [],
+                    input_logprobs=list(self._first.prompt_logprobs) if i == 0 else [],
                     cumulative_logprob=beam.cumulative_logprob if beam is not None else 0.0,
                     request_finished=i == len(results) - 1,
                 )

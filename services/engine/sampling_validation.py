@@ -238,6 +238,12 @@ def _beam(params: common_pb2.SamplingParams, f: _Fields, width: int) -> BeamSett
     for name in ("custom_logit_processor", "thinking_budget"):
         if params.HasField(name):
             raise InvalidArgument(f"{name} cannot be used with beam search")
+    if 0 < len(set(params.allowed_token_ids)) < width:
+        # Fewer possible tokens than beams: the search could not keep `width` beams of finite probability.
+        raise InvalidArgument(
+            f"allowed_token_ids must hold at least best_of ({width}) ids when using beam search, "
+            f"got {len(set(params.allowed_token_ids))}"
+        )
     length_penalty = params.length_penalty if params.HasField("length_penalty") else 1.0
     if not math.isfinite(length_penalty):
         raise InvalidArgument(f"length_penalty must be a finite number, got {length_penalty}")

@@ -154,10 +154,9 @@ def test_beams_equal_transformers(
     )
     assert [o.token_ids for o in outputs] == expected
     assert [score(o, length_penalty) for o in outputs] == pytest.approx(scores, rel=1e-4, abs=1e-4)
-    if stops:
-        assert any(o.finish is not None and o.finish.kind == "stop" for o in outputs) or all(
-            len(o.token_ids) == max_new for o in outputs
-        )
+    if stops and length_penalty <= 0.0:
+        # Without a reward for length the short beams the stop ids end win: stops do end beams here.
+        assert all(o.finish is not None and o.finish.kind == "stop" for o in outputs)
 
 
 def test_beams_share_blocks(loaded: LoadedModel, tiny_model_dir: Path) -> None:

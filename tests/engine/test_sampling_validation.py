@@ -167,6 +167,7 @@ def test_beam_search_resolves_greedy_with_width_best_of_else_n() -> None:
         ({"regex": "a+"}, r"^regex \(structured output\) cannot be used with beam search"),
         ({"json_object": True}, r"^json_object \(structured output\) cannot be used with beam search"),
         ({"thinking_budget": 4}, r"^thinking_budget cannot be used with beam search"),
+        ({"best_of": 3, "allowed_token_ids": [1, 2]}, r"^allowed_token_ids must hold at least best_of \(3\) ids"),
     ],
 )
 def test_beam_search_refuses_what_it_cannot_honour(overrides: dict[str, object], message: str) -> None:
