@@ -38,7 +38,8 @@ def completion_requests(req: CompletionRequest, request_id: str) -> list[inferen
     _refuse_openai(req)
     if req.suffix:
         raise unsupported("suffix")
-    if req.stream and req.best_of is not None and req.best_of > (req.n or 1):
+    # Beam search streams: its choices arrive whole when the search ends (as vLLM's).
+    if req.stream and req.best_of is not None and req.best_of > (req.n or 1) and not req.use_beam_search:
         raise invalid_request("'best_of' greater than 'n' cannot be streamed", "best_of")
     max_tokens = req.max_tokens if "max_tokens" in req.model_fields_set else COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs = openai_logprobs(
@@ -176,7 +177,6 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
 
 
 # Why each peer field we know but do not honour is refused (any value but its "off" one).
-_BEAM_SEARCH = "applies to beam search, which is not supported"
 _NO_EXPERTS = "is not supported: no served model is a mixture of experts"
 
 
@@ -185,12 +185,6 @@ def _refuse_openai(req: OpenAIRequest) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         if getattr(req, name, None) == 0:
             raise invalid_request(f"{name} must be at least 1, got 0", name)
-    if req.use_beam_search:
-        raise unsupported("use_beam_search", "is not supported: no beam search")
-    if req.length_penalty not in (None, 1.0):
-        raise unsupported("length_penalty", _BEAM_SEARCH)
-    if req.early_stopping not in (None, False):
-        raise unsupported("early_stopping", _BEAM_SEARCH)
     if req.prompt_logprobs_temperature not in (None, 1.0):
         raise unsupported(
             "prompt_logprobs_temperature", "is not supported: prompt logprobs are taken at temperature 1.0"
@@ -238,7 +232,16 @@ def _openai_sampling(
     req: OpenAIRequest, max_tokens: int | None, budget: int | None, custom_params: dict[str, Any] | None
 ) -> common_pb2.SamplingParams:
     no_stop_trim = req.include_stop_str_in_output if req.include_stop_str_in_output is not None else req.no_stop_trim
-    sp = sampling_params(req, max_new_tokens=max_tokens, min_new_tokens=req.min_tokens, no_stop_trim=no_stop_trim)
+    sp = sampling_params(
+        req,
+        max_new_tokens=max_tokens,
+        min_new_tokens=req.min_tokens,
+        no_stop_trim=no_stop_trim,
+        use_beam_search=req.use_beam_search,
+        length_penalty=req.length_penalty,
+        # The proto spells it as text: "true", "false" or "never" (the engine refuses anything else).
+        early_stopping=str(req.early_stopping).lower() if isinstance(req.early_stopping, bool) else req.early_stopping,
+    )
     openai_structured_output(req).apply(sp)
     apply_thinking(sp, budget, req.custom_logit_processor, custom_params)
     return sp

@@ -20,7 +20,7 @@ Validation policy, chosen deliberately:
   are declared, so they are accepted without a warning. Peers' parameters
   that do steer the output and that we do not implement (`REFUSED_EXTRAS`:
   multimodal inputs, adapters, ...) stay a 400 naming them.
-- Parameters we know but cannot honour yet (`suffix`, beam search, ...) are
+- Parameters we know but cannot honour yet (`suffix`, hidden states, ...) are
   declared so that their
   harmless values (null, false, "none") pass; any other value is refused by
   `convert` with a 400 naming the parameter. `convert` also makes the checks
@@ -188,11 +188,13 @@ class OpenAIRequest(SamplingFields):
     custom_logit_processor: str | None = None
     custom_params: dict[str, Any] | list[dict[str, Any] | None] | None = None
 
-    # Known but not honoured: only their "off" values pass (see convert), anything else is a 400 naming
-    # the field. Beam search and its knobs (vLLM; Aphrodite's early_stopping: bool, vLLM's also "never"):
+    # Beam search (vLLM; docs/sampling.md): width best_of (else n); early_stopping true, false or
+    # "never" (Aphrodite's is a bool). The engine checks the combinations.
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     early_stopping: bool | str | None = None
+    # Known but not honoured: only their "off" values pass (see convert), anything else is a 400 naming
+    # the field.
     # vLLM: a temperature for the prompt's logprobs (ours are taken at 1.0).
     prompt_logprobs_temperature: float | None = None
     # SGLang: hidden states and MoE routing per token.

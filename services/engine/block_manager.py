@@ -15,9 +15,9 @@ Sequence s holds block_tables[s]; entry j is the physical block of its positions
                                           key of the identical cached block
     prefix cache off                      no block ever has a key; evictable is always empty
 
-The scheduler's order per sequence: match_prefix() (or fork()) once while it has no blocks, allocate() before every
-step (on False, free() undoes a prefix hit too), cache_full_blocks() after the step's K/V are written,
-free() when it finishes or is preempted.
+The scheduler's order per sequence: match_prefix() (or fork(), maybe then copy_tail()) once while it has no
+blocks, allocate() before every step (on False, free() undoes a prefix hit too), cache_full_blocks() after
+the step's K/V are written, free() when it finishes or is preempted.
 """
 
 from __future__ import annotations
@@ -146,6 +146,18 @@ class BlockManager:
         self._tables[child_id] = list(shared)
         self._chains[child_id] = self._chains[parent_id][: len(shared)]
         return len(shared) * self.block_size
+
+    def copy_tail(self, parent_id: str, child_id: str) -> tuple[int, int] | None:
+        """Give a child just forked on the parent's full blocks a block of its own for the parent's next
+        (partial) block, so the child need not recompute it: returns (the parent's block, the child's new
+        one), whose K/V the caller copies. None, changing nothing, when the parent has no such block or
+        no block is available. The new block stays uncached until full, like any partial block."""
+        parent, child = self._tables[parent_id], self._tables[child_id]
+        if len(parent) <= len(child) or self._pool.num_available == 0:
+            return None
+        [block] = self._pool.take(1)
+        child.append(block)
+        return parent[len(child) - 1], block
 
     def allocate(self, seq_id: str, num_tokens: int) -> bool:
         """Grow the sequence's block table to cover num_tokens tokens (free blocks first, then evicting the

@@ -39,6 +39,7 @@ from typing import cast
 import torch
 
 from services.engine.attention.backend import AttentionBackend
+from services.engine.beam_search import BeamSearch
 from services.engine.block_manager import BlockManager
 from services.engine.config import EngineConfig
 from services.engine.cuda_graphs import build_decode_graphs
@@ -185,6 +186,22 @@ class LLMEngine:
                 f"the request needs room for {total} tokens (prompt {len(request.input_ids)} + "
                 f"max_new_tokens {request.sampling.max_new_tokens}) but the KV cache holds {capacity} tokens"
             )
+        beam = request.sampling.beam
+        if beam is not None and self._beam_blocks(request, beam.width) > self.block_manager.num_total_blocks:
+            raise InvalidArgument(
+                f"beam search of width {beam.width} needs room for {beam.width} beams of up to {total} tokens "
+                f"but the KV cache holds {capacity} tokens: lower best_of / n or max_tokens"
+            )
+
+    def _beam_blocks(self, request: EngineRequest, width: int) -> int:
+        """Blocks a beam search holds at most at once, so its beams can all be in the cache together (the
+        search waits for every beam): the prompt once (beams share it, and a recomputed beam finds it in the
+        prefix cache) plus each beam's own output blocks; with prefix caching off, every beam's everything."""
+        bm = self.block_manager
+        prompt, output = len(request.input_ids), request.sampling.max_new_tokens
+        if not bm.enable_prefix_caching:
+            return width * bm.blocks_needed(prompt + output)
+        return bm.blocks_needed(prompt) + width * (bm.blocks_needed(output) + 1)
 
     def limits(self, prompt_len: int) -> Limits:
         """What validation allows a request with this prompt length on this engine."""
@@ -205,6 +222,8 @@ class LLMEngine:
         adapter = self.resolve_lora(request.lora_name) if request.lora_name is not None else None
         group = SequenceGroup(request, priority=priority)
         group.seqs[0].lora = adapter
+        if request.sampling.beam is not None:
+            group.beams = BeamSearch(request, group.seqs[0], self.loaded.eos_token_ids)
         constraint = request.sampling.constraint
         if constraint is not None:
             compiled = request.grammar if request.grammar is not None else self.grammars.compile(constraint)
@@ -218,7 +237,8 @@ class LLMEngine:
         group = self._groups.get(request_id)
         if group is None:
             return False
-        chosen = set(indices)
+        # A beam search ends as a whole: its beams are not the samples the caller numbers.
+        chosen = set(indices) if group.beams is None else set()
         if not chosen:
             group.abort_message = message
         for seq in group.seqs:
@@ -290,22 +310,56 @@ class LLMEngine:
             self._collect_prompt_logprobs(batch, logits)
             fold_pooling(batch, logits)
             outputs += self._finish_prefill_only(scheduled.scheduled)
-            self._launch(batch, logits)
+            outputs += self._launch(batch, logits)
         if not self.overlap:
             outputs += self._collect()
         return outputs
 
-    def _launch(self, batch: Batch, logits: StepLogits) -> None:
-        """Queue the sampling of the batch's sequences still running; their forked samples join the batch."""
+    def _launch(self, batch: Batch, logits: StepLogits) -> list[StepOutput]:
+        """Queue the sampling of the batch's sequences still running (their forked samples join the batch);
+        step the beam searches whose beams all have their logits now, emitting those that end."""
+        outputs = self._step_beams(batch.sample_seqs, logits.sample)
         seqs, rows, forks = self._expand_forks(batch.sample_seqs)
         if not seqs:
-            return
+            return outputs
         eos = self.loaded.eos_token_ids
         self._pending = launch_sampling(
             logits.sample, rows, seqs, eos, self.config.logprobs_mode, fused_draw=self.fused_draw
         )
         for child in forks:
             self.scheduler.add_fork(self._groups[child.request.request_id].seqs[0], child)
+        return outputs
+
+    def _step_beams(self, sampled: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
+        """Hand each beam its logits row; step each search whose beams are all ready. Synchronous: the
+        search reads its top continuations on the host before the next step is scheduled."""
+        searches: dict[str, SequenceGroup] = {}
+        for row, seq in enumerate(sampled):
+            if seq.request.sampling.beam is None or seq.is_finished:
+                continue
+            group = self._groups[seq.request.request_id]
+            assert group.beams is not None
+            group.beams.offer(seq, logits[row])
+            searches[group.request_id] = group
+        # The copy of a forked beam's partial block; tensor-parallel ranks hold caches of their own, so
+        # there the fork recomputes it instead.
+        copy = self.runner.backend.kv_cache.copy_block if self.ranks is None else None
+        outputs: list[StepOutput] = []
+        for group in searches.values():
+            assert group.beams is not None
+            if group.beams.ready():
+                group.beams.step(self.scheduler, copy)
+                if group.beams.done:
+                    outputs += self._finish_beams(group)
+        return outputs
+
+    def _finish_beams(self, group: SequenceGroup, abort: Finish | None = None) -> list[StepOutput]:
+        """The n best finished beams of an ended search as samples 0 .. n-1, best first (with `abort`:
+        n empty samples ending so)."""
+        assert group.beams is not None
+        group.beams.close(self.scheduler)
+        del self._groups[group.request_id]
+        return [StepOutput(group.request_id, output) for output in group.beams.outputs(abort)]
 
     def _collect(self) -> list[StepOutput]:
         """Postprocess the pending sampling, if any."""
@@ -318,7 +372,11 @@ class LLMEngine:
         """The sequences to sample and their logits rows: those of `sampled` still running (one finished
         while its step ran leaves its row unused), then the new samples of each request whose prefill just
         completed, drawing their first token from its row."""
-        alive = [(row, seq) for row, seq in enumerate(sampled) if not seq.is_finished]
+        alive = [
+            (row, seq)
+            for row, seq in enumerate(sampled)
+            if not seq.is_finished and seq.request.sampling.beam is None  # beams: _step_beams
+        ]
         seqs, rows = [seq for _, seq in alive], [row for row, _ in alive]
         forks: list[Sequence] = []
         for row, seq in alive:
@@ -360,6 +418,10 @@ class LLMEngine:
     def _reap_aborted(self) -> list[StepOutput]:
         outputs = []
         for group in list(self._groups.values()):
+            if group.beams is not None:
+                if group.abort_message is not None:
+                    outputs += self._finish_beams(group, Finish("abort", message=group.abort_message))
+                continue
             if group.abort_message is not None:
                 unfinished = group.unfinished
                 finish = Finish("abort", message=group.abort_message)

@@ -8,6 +8,7 @@ never needs to know whether the client set a field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from services.engine.grammar.constraint import Constraint
 from services.engine.processors.catalog import ProcessorCall
@@ -31,6 +32,18 @@ class LogprobSettings:
     @property
     def any_output(self) -> bool:
         return self.sampled or self.top_n > 0 or bool(self.token_ids)
+
+
+@dataclass(frozen=True)
+class BeamSettings:
+    """Beam search (beam_search.py): `width` live beams, finished ones scored
+    cumulative_logprob / generated_length ** length_penalty."""
+
+    width: int
+    length_penalty: float = 1.0
+    # True: stop once `width` beams finished; False: once no live beam can beat the worst finished one
+    # at its current length; "never": at any length it may still reach (Hugging Face's three modes).
+    early_stopping: bool | Literal["never"] = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,8 @@ class SamplingSettings:
     # Samples returned; best_of >= n are generated (the n with the highest cumulative logprob are kept).
     n: int = 1
     best_of: int = 1
+    # Beam search instead of sampling (width = best_of); None: sampling.
+    beam: BeamSettings | None = None
     logprobs: LogprobSettings = field(default_factory=LogprobSettings)
     # Structured output: the grammar the output must match (compiled by grammar/compiler.py).
     constraint: Constraint | None = None

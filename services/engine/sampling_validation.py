@@ -23,7 +23,7 @@ from services.engine.grammar.constraint import Constraint
 from services.engine.grammar.constraint_limits import ConstraintLimits, check_constraint
 from services.engine.processors.catalog import ProcessorCall, ProcessorCatalog
 from services.engine.processors.thinking_budget import ThinkingBudget
-from services.engine.sampling_params import LogprobSettings, SamplingSettings
+from services.engine.sampling_params import BeamSettings, LogprobSettings, SamplingSettings
 from turnout.errors import InvalidArgument
 from turnout.struct_values import struct_to_dict
 from turnout.v1 import common_pb2
@@ -114,9 +114,20 @@ def resolve(
     logprob_options: common_pb2.LogprobOptions | None = None,
 ) -> SamplingSettings:
     """Apply defaults and check every value; raise InvalidArgument naming the problem."""
+    beam_search = params.HasField("use_beam_search") and params.use_beam_search
+    if beam_search:
+        # Beam search is greedy: the model's sampling defaults (temperature, top_p, ...) do not apply.
+        greedy_defaults = common_pb2.SamplingParams()
+        greedy_defaults.CopyFrom(defaults)
+        for name in _SAMPLING_ONLY:
+            greedy_defaults.ClearField(name)
+        defaults = greedy_defaults
     f = _Fields(params, defaults)
     # First what bounds the request's size: nothing below allocates per sample or compiles anything.
     n, best_of = _samples(f, limits)
+    if not beam_search:
+        _check_no_beam(params)
+    beam = _beam(params, f, best_of) if beam_search else None
     _check_stops(params, limits)
     constraint = _constraint(params, limits)
     processors, thinking_budget = _processors(params, limits)
@@ -129,7 +140,7 @@ def resolve(
     if max_new == 0 and best_of > 1:
         raise InvalidArgument(f"n and best_of must be 1 when max_new_tokens is 0 (prefill only), got {best_of}")
 
-    temperature = f.get("temperature", 1.0)
+    temperature = 0.0 if beam is not None else f.get("temperature", 1.0)
     if temperature < 0.0:
         raise InvalidArgument(f"temperature must be a non-negative finite number, got {_fmt(temperature)}")
     top_p = f.get("top_p", 1.0)
@@ -180,12 +191,78 @@ def resolve(
         seed=params.seed if params.HasField("seed") else None,
         n=n,
         best_of=best_of,
+        beam=beam,
         logprobs=_logprobs(logprob_options or common_pb2.LogprobOptions(), limits),
         constraint=constraint,
         logit_processors=processors,
         thinking_budget=thinking_budget,
     )
     return settings
+
+
+# Parameters that only shape how a token is drawn: beam search refuses them (it never draws), and the
+# model's generation_config values for them do not apply to it. Each with the value that leaves it off.
+_SAMPLING_ONLY: dict[str, float] = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "tfs": 1.0,
+    "top_a": 0.0,
+    "eta_cutoff": 0.0,
+    "epsilon_cutoff": 0.0,
+    "smoothing_factor": 0.0,
+    "smoothing_curve": 1.0,
+    "dynatemp_min": 0.0,
+    "dynatemp_max": 0.0,
+    "xtc_probability": 0.0,
+    "nsigma": 0.0,
+}
+_EARLY_STOPPING: dict[str, bool | str] = {"true": True, "false": False, "never": "never"}
+
+
+def _beam(params: common_pb2.SamplingParams, f: _Fields, width: int) -> BeamSettings:
+    """The beam search settings, refusing what it cannot honour (vLLM's messages where it has them)."""
+    for name, off in _SAMPLING_ONLY.items():
+        value = f.get(name, off)
+        if value != off and not (name == "top_k" and value == 0):
+            shown = "-1" if name == "top_k" else _fmt(off)
+            raise InvalidArgument(f"{name} must be {shown} when using beam search, got {_fmt(value)}")
+    if params.stop or params.stop_regex:
+        name = "stop" if params.stop else "stop_regex"
+        raise InvalidArgument(
+            f"{name} cannot be used with beam search: beams end on token ids only (use stop_token_ids)"
+        )
+    constraint = params.WhichOneof("constraint")
+    if constraint is not None and not (constraint == "json_object" and not params.json_object):
+        raise InvalidArgument(f"{constraint} (structured output) cannot be used with beam search")
+    for name in ("custom_logit_processor", "thinking_budget"):
+        if params.HasField(name):
+            raise InvalidArgument(f"{name} cannot be used with beam search")
+    if 0 < len(set(params.allowed_token_ids)) < width:
+        # Fewer possible tokens than beams: the search could not keep `width` beams of finite probability.
+        raise InvalidArgument(
+            f"allowed_token_ids must hold at least best_of ({width}) ids when using beam search, "
+            f"got {len(set(params.allowed_token_ids))}"
+        )
+    length_penalty = params.length_penalty if params.HasField("length_penalty") else 1.0
+    if not math.isfinite(length_penalty):
+        raise InvalidArgument(f"length_penalty must be a finite number, got {length_penalty}")
+    early_stopping = params.early_stopping if params.HasField("early_stopping") else "false"
+    if early_stopping not in _EARLY_STOPPING:
+        raise InvalidArgument(f"early_stopping must be True, False, or 'never', got {early_stopping!r}")
+    return BeamSettings(width, length_penalty, _EARLY_STOPPING[early_stopping])  # type: ignore[arg-type]
+
+
+def _check_no_beam(params: common_pb2.SamplingParams) -> None:
+    """Without beam search its knobs must keep their defaults (as vLLM)."""
+    if params.HasField("early_stopping") and params.early_stopping != "false":
+        raise InvalidArgument("early_stopping is not effective and must be False when not using beam search")
+    if params.HasField("length_penalty") and params.length_penalty != 1.0:
+        raise InvalidArgument(
+            "length_penalty is not effective and must be the default value of 1.0 when not using beam search"
+        )
 
 
 def _samples(f: _Fields, limits: Limits) -> tuple[int, int]:

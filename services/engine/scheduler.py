@@ -29,6 +29,7 @@ between queues and asks the BlockManager for blocks.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -91,14 +92,28 @@ class Scheduler:
         seq.status = Status.WAITING
         bisect.insort(self.waiting, seq, key=self._order)
 
-    def add_fork(self, parent: Sequence, child: Sequence) -> None:
-        """Run a new sample of the parent's request at once, on the parent's computed full prompt blocks.
+    def add_fork(
+        self,
+        parent: Sequence,
+        child: Sequence,
+        num_tokens: int | None = None,
+        copy_block: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Run a new sample of the parent's request at once, on the parent's computed full blocks covering
+        its first `num_tokens` tokens (default: its prompt).
 
-        The child holds its first sampled token (maybe still a placeholder); it computes the prompt's partial
-        last block and that token itself (less than a block plus one), then decodes like any other running
-        sequence.
+        The child holds its next token (maybe still a placeholder); it computes the partial last block of
+        those tokens and that token itself (less than a block plus one), then decodes like any other
+        running sequence. With `copy_block(src, dst)` (which copies one block's K/V) the partial block is
+        copied into a block of the child's own instead, when one is free (beam_search.py).
         """
-        shared = self.block_manager.fork(parent.seq_id, child.seq_id, parent.num_prompt_tokens)
+        upto = parent.num_prompt_tokens if num_tokens is None else num_tokens
+        shared = self.block_manager.fork(parent.seq_id, child.seq_id, upto)
+        if copy_block is not None and shared < upto:
+            copied = self.block_manager.copy_tail(parent.seq_id, child.seq_id)
+            if copied is not None:
+                copy_block(*copied)
+                shared = upto
         if child.lora is not None:
             # The parent runs and pins the same adapter's slot, so this never waits.
             acquired = self._acquire_lora(child)
@@ -132,6 +147,8 @@ class Scheduler:
             if budget == 0:
                 break
             if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+                continue
+            if seq.num_tokens_to_compute == 0:  # a beam waiting for its siblings (beam_search.py)
                 continue
             num_new = min(seq.num_tokens_to_compute, budget)
             while not self.block_manager.allocate(seq.seq_id, seq.num_computed_tokens + num_new):

@@ -4,14 +4,19 @@ A request asking for `best_of` samples (n, or more for best_of) starts as one
 sequence. When its prefill completes, the same logits give every sample its
 first token; samples 1.. then join the running batch on sample 0's full
 prompt blocks (BlockManager.fork), so the prompt is computed and stored once.
+A beam-search request instead keeps its beams in `beams` (beam_search.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.engine.request import EngineRequest
 from services.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from services.engine.beam_search import BeamSearch
 
 
 @dataclass(eq=False)
@@ -21,6 +26,8 @@ class SequenceGroup:
     seqs: list[Sequence] = field(default_factory=list)
     # Set by whoever must stop the request (cancellation); the step loop finishes it at the next step.
     abort_message: str | None = None
+    # A beam-search request's search (beam_search.py), which owns its beams; None: samples.
+    beams: BeamSearch | None = None
 
     def __post_init__(self) -> None:
         if not self.seqs:
@@ -36,6 +43,8 @@ class SequenceGroup:
 
     def needs_fork(self, seq: Sequence) -> bool:
         """Whether seq is sample 0 about to sample its first token, with more samples to start."""
+        if self.beams is not None:
+            return False
         return seq.index == 0 and seq.num_output_tokens == 0 and len(self.seqs) < self.num_samples
 
     def fork(self) -> list[Sequence]:

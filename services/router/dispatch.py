@@ -112,8 +112,10 @@ class EngineStream:
     async def _run(self) -> AsyncGenerator[engine_pb2.EngineGenerateResponse, None]:
         params = self._request.sampling_params
         n = params.n if params.HasField("n") else 1
-        # best_of > n: the engine generates best_of samples, and each of them ends.
-        progress = _Progress(max(n, params.best_of) if params.HasField("best_of") else n)
+        # best_of > n: the engine generates best_of samples, and each of them ends (a beam search's
+        # engine ends only its n best beams).
+        ranked = params.HasField("best_of") and not params.use_beam_search
+        progress = _Progress(max(n, params.best_of) if ranked else n)
         config = self._pool.config
         async with self._pool.admission.slot():
             errors: list[str] = []

@@ -17,7 +17,9 @@ A request with `pooling` (an embedding) generates nothing: the engine's one Comp
 pooled vector, passed on as GenerateComplete.embedding.
 
 best_of > n: all best_of samples are generated and held back; the n with the
-highest cumulative log-probability are then sent, renumbered 0 .. n-1.
+highest cumulative log-probability are then sent, renumbered 0 .. n-1. Not so
+for beam search, where best_of is the beam width: the engine sends only the n
+best beams, whole, when its search ends.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ async def _generate_once(
     params = await encode_sampling_strings(params, tokenizer)
     n = params.n if params.HasField("n") else 1
     best_of = params.best_of if params.HasField("best_of") else n
-    ranking = best_of > n
+    # A beam search's engine returns its n best beams, ranked already.
+    ranking = best_of > n and not params.use_beam_search
     options = common_pb2.LogprobOptions()
     options.CopyFrom(request.logprob_options)
     if ranking:
@@ -130,7 +133,7 @@ async def _generate_once(
     with_texts = request.logprob_options.return_text_in_logprobs
     keep_logprobs = _asks_logprobs(request.logprob_options)
     start = _detokenize_start(request_id, prompt, params, request)
-    samples = _Samples(engines, model.name, tokenizer, start, params, best_of)
+    samples = _Samples(engines, model.name, tokenizer, start, params, best_of if ranking else n)
     # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
     # --tool-call-parser): learn that before the engine runs.
     await samples.open_first()

@@ -365,3 +365,17 @@ def test_a_salt_keeps_the_same_tokens_apart(bm: BlockManager, hashes: str, monke
     assert bm.keys_of_new_blocks("base", tokens, 8) != bm.keys_of_new_blocks("other", tokens, 8, salt=2)
     for seq in ("a", "base", "other", "same"):
         bm.free(seq)
+
+
+def test_copy_tail_gives_a_fork_its_own_partial_block(make: Factory) -> None:
+    bm = make(num_blocks=5, enable_prefix_caching=False)
+    tokens = list(range(10))  # blocks 0, 1 full; block 2 holds 2 tokens
+    assert compute(bm, "parent", tokens) == [0, 1, 2]
+    assert bm.fork("parent", "child", len(tokens)) == 8
+    assert bm.copy_tail("parent", "child") == (2, 3)  # copy block 2's K/V into the child's block 3
+    assert bm.block_table("child") == [0, 1, 3]
+    assert [bm.ref_count(b) for b in range(4)] == [2, 2, 1, 1]
+    # Nothing left to copy once the child has it; no block free: None, nothing changed.
+    assert bm.copy_tail("parent", "child") is None
+    assert bm.fork("parent", "second", len(tokens)) == 8 and bm.allocate("other", 4)
+    assert bm.copy_tail("parent", "second") is None and bm.block_table("second") == [0, 1]

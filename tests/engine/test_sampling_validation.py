@@ -144,3 +144,57 @@ def test_bad_logprob_options_are_refused(options: common_pb2.LogprobOptions, mes
 def test_prompt_filling_the_context_is_refused() -> None:
     with pytest.raises(InvalidArgument, match=r"maximum context length is 100 tokens.*100 input tokens"):
         resolve(common_pb2.SamplingParams(), common_pb2.SamplingParams(), Limits(100, 100, 50))
+
+
+def test_beam_search_resolves_greedy_with_width_best_of_else_n() -> None:
+    from services.engine.sampling_params import BeamSettings
+
+    # The model's sampling defaults do not apply to a beam search.
+    defaults = common_pb2.SamplingParams(temperature=0.7, top_p=0.8, top_k=20, min_p=0.1)
+    got = resolve(common_pb2.SamplingParams(use_beam_search=True, n=2, best_of=4), defaults, LIMITS)
+    assert got.beam == BeamSettings(width=4, length_penalty=1.0, early_stopping=False)
+    assert got.greedy and (got.top_p, got.top_k, got.min_p) == (1.0, 0, 0.0)
+    assert settings(use_beam_search=True, n=3).beam == BeamSettings(width=3)
+    never = settings(use_beam_search=True, length_penalty=0.5, early_stopping="never").beam
+    assert never == BeamSettings(width=1, length_penalty=0.5, early_stopping="never")
+    assert settings(use_beam_search=True, early_stopping="true").beam.early_stopping is True  # type: ignore[union-attr]
+    assert settings(use_beam_search=False, length_penalty=1.0, early_stopping="false").beam is None
+    # Explicit "off" values of the sampling-only parameters pass.
+    assert settings(use_beam_search=True, temperature=0.0, top_p=1.0, top_k=-1, min_p=0.0).beam is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"temperature": 0.8}, r"^temperature must be 0 when using beam search, got 0.8"),
+        ({"top_p": 0.9}, r"^top_p must be 1 when using beam search"),
+        ({"top_k": 5}, r"^top_k must be -1 when using beam search"),
+        ({"min_p": 0.1}, r"^min_p must be 0 when using beam search"),
+        ({"typical_p": 0.5}, r"^typical_p must be 1 when using beam search"),
+        ({"n": 3, "best_of": 2}, r"^best_of must be at least n \(3\), got 2"),
+        ({"early_stopping": "always"}, r"^early_stopping must be True, False, or 'never', got 'always'"),
+        ({"length_penalty": math.inf}, r"^length_penalty must be a finite number"),
+        ({"stop": ["x"]}, r"^stop cannot be used with beam search"),
+        ({"stop_regex": ["x+"]}, r"^stop_regex cannot be used with beam search"),
+        ({"regex": "a+"}, r"^regex \(structured output\) cannot be used with beam search"),
+        ({"json_object": True}, r"^json_object \(structured output\) cannot be used with beam search"),
+        ({"thinking_budget": 4}, r"^thinking_budget cannot be used with beam search"),
+        ({"best_of": 3, "allowed_token_ids": [1, 2]}, r"^allowed_token_ids must hold at least best_of \(3\) ids"),
+    ],
+)
+def test_beam_search_refuses_what_it_cannot_honour(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        settings(use_beam_search=True, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"length_penalty": 0.5}, r"^length_penalty is not effective and must be the default value of 1.0"),
+        ({"early_stopping": "true"}, r"^early_stopping is not effective and must be False"),
+        ({"use_beam_search": False, "early_stopping": "never"}, r"^early_stopping is not effective"),
+    ],
+)
+def test_beam_knobs_without_beam_search_are_refused(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        settings(**overrides)

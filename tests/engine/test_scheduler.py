@@ -230,3 +230,33 @@ def test_a_prompt_equal_to_one_being_computed_is_not_held_back(harness_factory: 
     for rid in ("a", "b"):
         h2.scheduler.add(make_seq(rid, list(range(4))))
     assert plan(h2.step()) == [("a", 4), ("b", 4)]
+
+
+def test_a_fork_at_a_partial_block_copies_it_and_decodes_at_once(harness_factory: type[Harness]) -> None:
+    """A beam forked from a parent mid-block (beam_search.py) shares its full blocks, gets a copy of the
+    partial one, and computes only its new token; without a copy it recomputes the partial block."""
+    h = harness_factory(blocks=16, budget=32)
+    parent = make_seq("p", list(range(6)))
+    h.scheduler.add(parent)
+    h.step()  # prefill: 6 tokens computed, the 7th sampled
+    copies: list[tuple[int, int]] = []
+    child = Sequence(parent.request, index=1, token_ids=[*parent.token_ids[:-1], 77])
+    h.scheduler.add_fork(parent, child, num_tokens=6, copy_block=lambda src, dst: copies.append((src, dst)))
+    parent_table = h.blocks.block_table("p#0")
+    assert copies == [(parent_table[1], h.blocks.block_table("p#1")[1])]
+    assert h.blocks.block_table("p#1")[0] == parent_table[0] and child.num_computed_tokens == 6
+    recomputing = Sequence(parent.request, index=2, token_ids=[*parent.token_ids[:-1], 78])
+    h.scheduler.add_fork(parent, recomputing, num_tokens=6)
+    assert recomputing.num_computed_tokens == 4
+    assert plan(h.step()) == [("p", 1), ("p", 1), ("p", 3)]
+
+
+def test_a_running_sequence_with_nothing_to_compute_is_not_scheduled(harness_factory: type[Harness]) -> None:
+    """A beam whose logits are in, waiting for its siblings' (beam_search.py), sits out the step."""
+    h = harness_factory(blocks=16, budget=32)
+    a, b = make_seq("a", list(range(5))), make_seq("b", list(range(20, 25)))
+    for seq in (a, b):
+        h.scheduler.add(seq)
+    h.step()
+    a.token_ids.pop()  # as if a's sampled token were not appended yet: all its tokens computed
+    assert plan(h.step()) == [("b", 1)]

@@ -195,6 +195,24 @@ async def test_best_of_is_forwarded_and_n_choices_rendered(client: httpx.AsyncCl
     assert fake_router.requests[1].sampling_params.best_of == 2
 
 
+async def test_beam_search_fields_are_forwarded(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    body = {"prompt": "x", "n": 2, "best_of": 4, "use_beam_search": True, "length_penalty": 0.5}
+    response = await client.post("/v1/completions", json={**body, "early_stopping": True})
+    assert [c["index"] for c in response.json()["choices"]] == [0, 1]
+    sp = fake_router.requests[0].sampling_params
+    assert (sp.use_beam_search, sp.best_of, sp.length_penalty, sp.early_stopping) == (True, 4, 0.5, "true")
+    # Streamed too (the choices arrive whole when the search ends), best_of > n notwithstanding.
+    streamed = await client.post("/v1/completions", json={**body, "stream": True, "early_stopping": "never"})
+    assert streamed.status_code == 200
+    assert fake_router.requests[1].sampling_params.early_stopping == "never"
+    chat = {"messages": [{"role": "user", "content": "x"}], "use_beam_search": True, "early_stopping": False}
+    assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
+    assert fake_router.requests[2].sampling_params.early_stopping == "false"
+    plain = await client.post("/v1/completions", json={"prompt": "x"})
+    assert plain.status_code == 200
+    assert not fake_router.requests[3].sampling_params.HasField("use_beam_search")
+
+
 async def test_stream_framing_single_finish_and_usage(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
     payload = {"prompt": "x", "n": 2, "stream": True, "stream_options": {"include_usage": True}}
     response = await client.post("/v1/completions", json=payload)

@@ -91,7 +91,6 @@ async def test_missing_required_field_and_malformed_json(client: httpx.AsyncClie
     ("path", "body", "param"),
     [
         ("/v1/completions", {"suffix": "end"}, "suffix"),
-        ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
         ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
         ("/v1/completions", {"image_data": "x.png"}, "image_data"),
     ],

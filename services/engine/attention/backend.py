@@ -51,6 +51,11 @@ class KVCache:
         self.null_slot = num_blocks * block_size  # first slot of the zero block
         self.scratch_slot = (num_blocks + 1) * block_size  # first slot of the scratch block
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy block src's K/V into block dst in every layer (a forked beam's own copy of a partial block)."""
+        for pool in (*self.k, *self.v):
+            pool[dst].copy_(pool[src])
+
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         element = torch.tensor([], dtype=dtype).element_size()
