@@ -78,6 +78,52 @@ def table_rows() -> list[Row]:
 
 ROWS = table_rows()
 
+ROUTE_ROW = re.compile(
+    r"^\| `(?P<method>GET|POST) (?P<path>/[^`]*)` \| (?:`(?P<example>[^`]*)` )?\| "
+    r'(?P<outcome>200|400 "(?P<message>.*)") \|$'
+)
+# The routes issue 13 found a vLLM or SGLang client calling that answered 404.
+ISSUE_ROUTES = {
+    "/v1/responses",
+    "/v1/score",
+    "/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v1/embeddings",
+    "/pooling",
+    "/tokenizer_info",
+    "/load",
+    "/invocations",
+    "/v1/audio/transcriptions",
+}
+
+
+@dataclass(frozen=True)
+class RouteRow:
+    method: str
+    path: str
+    example: dict[str, Any] | None
+    status: int
+    message: str
+
+
+def route_rows() -> list[RouteRow]:
+    text = API_DOC.read_text(encoding="utf-8")
+    section = text.split("### Every peer route", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        match = ROUTE_ROW.match(line)
+        if match:
+            example = json.loads(match["example"]) if match["example"] else None
+            rows.append(
+                RouteRow(match["method"], match["path"], example, int(match["outcome"][:3]), match["message"] or "")
+            )
+    return rows
+
+
+ROUTES = route_rows()
+
 
 def test_the_table_has_a_row_for_every_parameter_the_peer_documents_name() -> None:
     listed = {(row.route, row.name) for row in ROWS}
@@ -85,6 +131,26 @@ def test_the_table_has_a_row_for_every_parameter_the_peer_documents_name() -> No
     missing = [pair for pair in documented if pair not in listed]
     assert not missing, f"parameters of the peer documents without a row in docs/api.md: {missing}"
     assert len(listed) == len(ROWS), "a (route, parameter) has two rows"
+
+
+def test_every_peer_route_has_a_row_and_a_refused_one_refuses_its_parameters() -> None:
+    by_path = {row.path: row for row in ROUTES}
+    documented = {route for route in PEER_PARAMETERS if route != SAMPLING_PARAMS}
+    missing = sorted((documented | ISSUE_ROUTES) - by_path.keys())
+    assert not missing, f"routes without a row in docs/api.md's 'Every peer route': {missing}"
+    for route, names in PEER_PARAMETERS.items():
+        # A route without its own parameter rows is one that has no parameters or refuses them all.
+        if route not in BASES and names:
+            assert by_path[route].status == 400, f"{route}: its parameters {names} have no rows and it is not refused"
+
+
+@pytest.mark.parametrize("row", ROUTES, ids=[f"{row.method} {row.path}" for row in ROUTES])
+def test_the_stack_answers_each_route_as_the_table_says(compat_stack: Stack, row: RouteRow) -> None:
+    body = None if row.example is None else {"model": MODEL, **row.example}
+    reply = httpx.request(row.method, f"{compat_stack.base_url}{row.path}", json=body, timeout=300)
+    assert reply.status_code == row.status, reply.text
+    if row.status == 400:
+        assert reply.json()["error"]["message"] == row.message
 
 
 def test_the_committed_parameter_list_is_what_the_documents_say() -> None:
