@@ -60,6 +60,7 @@ from services.engine.sampling_validation import Limits
 from services.engine.scheduler import Policy, Scheduler
 from services.engine.sequence import Sequence
 from services.engine.sequence_group import SequenceGroup
+from services.engine.skip_forward import SkipForwardRunner, launch_counting
 from services.engine.step_sampler import PendingSample, SampledToken, launch_sampling
 from services.engine.vocab import ModelVocab
 from turnout.errors import InvalidArgument
@@ -129,9 +130,10 @@ class LLMEngine:
             },
         )
         # Captured after the KV cache exists: the graphs record its addresses.
-        graphs = build_decode_graphs(config, self.loaded, backend)
+        graphs = None if config.skip_forward else build_decode_graphs(config, self.loaded, backend)
         if tp is None:
-            self.runner = ModelRunner(
+            runner_class = SkipForwardRunner if config.skip_forward else ModelRunner
+            self.runner = runner_class(
                 self.loaded.model, backend, config.block_size, self.loaded.device, graphs, lora=self.loras
             )
         else:
@@ -296,6 +298,9 @@ class LLMEngine:
         """Queue the sampling of the batch's sequences still running; their forked samples join the batch."""
         seqs, rows, forks = self._expand_forks(batch.sample_seqs)
         if not seqs:
+            return
+        if self.config.skip_forward:
+            self._pending = launch_counting(seqs, self.loaded.vocab_size, self.loaded.device)
             return
         eos = self.loaded.eos_token_ids
         self._pending = launch_sampling(
