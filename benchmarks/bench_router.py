@@ -255,24 +255,25 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
         }
         rows = []
         for k, streams in enumerate(args.ceiling_streams):
-            order = list(service_ceiling.PATHS)
-            order = order[k % 3 :] + order[: k % 3]
+            order = list(args.ceiling_paths)
+            order = order[k % len(order) :] + order[: k % len(order)]
             measured = {p: service_ceiling.measure(targets[p], processes, args, streams, seed=k) for p in order}
-            rows += [measured[p] for p in service_ceiling.PATHS]
+            rows += [measured[p] for p in args.ceiling_paths]
         if args.profile is not None:
             service_ceiling.profile(targets["gateway"], processes, args, args.profile)
     finally:
         stack.stop()
     lines = service_ceiling.table(rows)
-    lines.append("")
-    lines.append("| streams | router gRPC / engine | gateway HTTP / engine |")
-    lines.append("| --- | --- | --- |")
-    for i in range(0, len(rows), 3):
-        engine, router, gateway = rows[i : i + 3]
-        lines.append(
-            f"| {engine.streams} | {router.tokens_per_s / engine.tokens_per_s:.1%} "
-            f"| {gateway.tokens_per_s / engine.tokens_per_s:.1%} |"
-        )
+    if list(args.ceiling_paths) == list(service_ceiling.PATHS):
+        lines.append("")
+        lines.append("| streams | router gRPC / engine | gateway HTTP / engine |")
+        lines.append("| --- | --- | --- |")
+        for i in range(0, len(rows), 3):
+            engine, router, gateway = rows[i : i + 3]
+            lines.append(
+                f"| {engine.streams} | {router.tokens_per_s / engine.tokens_per_s:.1%} "
+                f"| {gateway.tokens_per_s / engine.tokens_per_s:.1%} |"
+            )
     return lines
 
 
@@ -291,6 +292,7 @@ def main() -> None:
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--ceiling", action="store_true", help="only the service path's ceiling (--skip-forward)")
     parser.add_argument("--ceiling-streams", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--ceiling-paths", nargs="+", choices=service_ceiling.PATHS, default=service_ceiling.PATHS)
     parser.add_argument("--ceiling-output-len", type=int, default=128)
     parser.add_argument("--ceiling-requests", type=int, default=2, help="requests each stream sends in turn")
     parser.add_argument("--ceiling-settle", type=float, default=3.0, help="seconds for the clients to warm up")

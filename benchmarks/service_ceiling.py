@@ -170,7 +170,11 @@ async def _client(
 def _client_process(
     target: Target, streams: int, per_stream: int, prompt_len: int, output_len: int, seed: int, go: Any, out: Any
 ) -> None:
-    out.put(asyncio.run(_client(target, streams, per_stream, prompt_len, output_len, seed, go)))
+    try:
+        out.put(asyncio.run(_client(target, streams, per_stream, prompt_len, output_len, seed, go)))
+    except BaseException as exc:  # the parent must not wait for a result that never comes
+        out.put(RuntimeError(f"{target.path} client failed: {type(exc).__name__}: {exc}"))
+        raise
 
 
 @dataclass(frozen=True)
@@ -214,7 +218,12 @@ def _cpu(process: psutil.Process) -> float:
 
 
 def measure(
-    target: Target, processes: dict[str, psutil.Process], args: argparse.Namespace, streams: int, seed: int
+    target: Target,
+    processes: dict[str, psutil.Process],
+    args: argparse.Namespace,
+    streams: int,
+    seed: int,
+    requests_per_stream: int | None = None,
 ) -> Measured:
     clients = max(1, min(args.clients, streams))
     context = multiprocessing.get_context("spawn")
@@ -242,9 +251,12 @@ def measure(
     before = {name: _cpu(p) for name, p in processes.items()}
     go.set()
     results: list[ClientResult] = [out.get(timeout=1800) for _ in workers]
-    after = {name: _cpu(p) for name, p in processes.items()}
     for worker in workers:
         worker.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    after = {name: _cpu(p) for name, p in processes.items()}
     tokens = sum(r.tokens for r in results)
     seconds = max(r.last_end for r in results) - min(r.first_start for r in results)
     cpu = {name: (after[name] - before[name]) / tokens * 1000 for name in processes}
@@ -276,8 +288,9 @@ def tiny_model(root: Path) -> Path:
 
 
 def profile(target: Target, processes: dict[str, psutil.Process], args: argparse.Namespace, out: Path) -> None:
-    """py-spy every service while `target` carries the largest load but one; print each one's top
-    frames (own time, and time with callees) from the collapsed stacks it writes to `out`."""
+    """py-spy every service in turn (--profile-seconds each) while `target` carries the largest load but
+    one; print each one's top frames (own time, and time with callees) from the collapsed stacks it
+    writes to `out`."""
     import shutil
     import subprocess
     import sys
@@ -287,36 +300,28 @@ def profile(target: Target, processes: dict[str, psutil.Process], args: argparse
     out.mkdir(parents=True, exist_ok=True)
     streams = sorted(args.ceiling_streams)[-2] if len(args.ceiling_streams) > 1 else args.ceiling_streams[0]
     done: list[Measured] = []
-    load = threading.Thread(target=lambda: done.append(measure(target, processes, args, streams, seed=77)))
+    # Long enough to outlast the profile and py-spy's start (seconds on a process with torch loaded).
+    per_stream = max(args.ceiling_requests, 40_000 * args.profile_seconds // (streams * args.ceiling_output_len))
+    load = threading.Thread(
+        target=lambda: done.append(measure(target, processes, args, streams, seed=77, requests_per_stream=per_stream))
+    )
     load.start()
-    time.sleep(args.ceiling_settle + 1)
-    spies = {
-        name: subprocess.Popen(
-            [
-                spy,
-                "record",
-                "--nonblocking",
-                "-r",
-                "50",
-                "-d",
-                str(args.profile_seconds),
-                "-f",
-                "raw",
-                "-o",
-                str(out / f"{name}.txt"),
-                "-p",
-                str(p.pid),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for name, p in processes.items()
-    }
-    for popen in spies.values():
-        popen.wait()
+    # Start once the load runs: the busiest service spends at least half a core.
+    busiest = processes.get(target.path, processes["engine"])
+    before = _cpu(busiest)
+    while load.is_alive():
+        time.sleep(1)
+        now = _cpu(busiest)
+        if now - before > 0.5:
+            break
+        before = now
+    for name, process in processes.items():  # one after the other: four at once sampled next to nothing here
+        command = [spy, "record", "--nonblocking", "-r", "50", "-d", str(args.profile_seconds), "-f", "raw"]
+        command += ["-o", str(out / f"{name}.txt"), "-p", str(process.pid)]
+        subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     load.join()
     print(f"\nprofiles ({target.path} path, {streams} streams, {done[0].tokens_per_s:,.0f} tok/s), in {out}:")
-    for name in spies:
+    for name in processes:
         path = out / f"{name}.txt"
         if path.is_file():
             print(f"\n{name}:\n" + "\n".join(top_frames(path.read_text())))
@@ -340,7 +345,13 @@ def top_frames(collapsed: str, count: int = 8) -> list[str]:
     if not total:
         return ["(no samples)"]
     lines = [f"- own: {n / total:.0%} {frame}" for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:count]]
-    skip = ("<module>", "run (asyncio", "run_forever", "_run_once", "_run (asyncio", "run_until_complete")
-    busy = [(f, n) for f, n in sorted(inclusive.items(), key=lambda kv: -kv[1]) if not f.startswith(skip)]
+    # Our own frames (and grpc's), without the entry points every sample passes through.
+    ours = ("services/", "gateway/", "turnout/errors", "grpc/", "starlette/", "uvicorn/protocols")
+    entry = ("run (services", "main (turnout", "serve (turnout", "Server.run", "run (turnout")
+    busy = [
+        (f, n)
+        for f, n in sorted(inclusive.items(), key=lambda kv: -kv[1])
+        if any(o in f for o in ours) and not f.startswith(entry)
+    ]
     lines += [f"- with callees: {n / total:.0%} {frame}" for frame, n in busy[:count]]
     return lines

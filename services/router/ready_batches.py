@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -24,7 +24,7 @@ class _End:
     pass
 
 
-async def ready_batches(source: AsyncIterator[T]) -> AsyncIterator[list[T]]:
+async def ready_batches(source: AsyncIterator[T]) -> AsyncGenerator[list[T], None]:
     """`source`'s messages in order, in lists of those that were ready together; its error after the
     messages that came before it. Leaving early stops the reading task before returning, so whoever
     owns `source` may close it right after."""
