@@ -235,7 +235,7 @@ def measure(
             args=(
                 target,
                 share,
-                args.ceiling_requests,
+                requests_per_stream or args.ceiling_requests,
                 args.prompt_len,
                 args.ceiling_output_len,
                 seed * 100 + i,
@@ -301,24 +301,27 @@ def profile(target: Target, processes: dict[str, psutil.Process], args: argparse
     streams = sorted(args.ceiling_streams)[-2] if len(args.ceiling_streams) > 1 else args.ceiling_streams[0]
     done: list[Measured] = []
     # Long enough to outlast the profile and py-spy's start (seconds on a process with torch loaded).
-    per_stream = max(args.ceiling_requests, 40_000 * args.profile_seconds // (streams * args.ceiling_output_len))
+    per_stream = max(
+        args.ceiling_requests, 10_000 * len(processes) * args.profile_seconds // (streams * args.ceiling_output_len)
+    )
     load = threading.Thread(
         target=lambda: done.append(measure(target, processes, args, streams, seed=77, requests_per_stream=per_stream))
     )
     load.start()
-    # Start once the load runs: the busiest service spends at least half a core.
+    # Start once the load runs (the target service spends a tenth of a core); its end is waited for.
     busiest = processes.get(target.path, processes["engine"])
     before = _cpu(busiest)
     while load.is_alive():
         time.sleep(1)
         now = _cpu(busiest)
-        if now - before > 0.5:
+        if now - before > 0.1:
             break
         before = now
-    for name, process in processes.items():  # one after the other: four at once sampled next to nothing here
+    for name, process in processes.items():  # one after the other, on the same load
         command = [spy, "record", "--nonblocking", "-r", "50", "-d", str(args.profile_seconds), "-f", "raw"]
         command += ["-o", str(out / f"{name}.txt"), "-p", str(process.pid)]
-        subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        with open(out / f"{name}.log", "w") as spy_log:
+            subprocess.run(command, stdout=spy_log, stderr=subprocess.STDOUT, check=False)
     load.join()
     print(f"\nprofiles ({target.path} path, {streams} streams, {done[0].tokens_per_s:,.0f} tok/s), in {out}:")
     for name in processes:
