@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -163,7 +163,7 @@ class EngineLoop:
 
     async def generate_batches(
         self, request: EngineRequest, priority: int = 0, timeline: RequestTimeline | None = None
-    ) -> AsyncIterator[list[EngineOutput]]:
+    ) -> AsyncGenerator[list[EngineOutput], None]:
         """Stream the request's outputs, every output that is ready in one batch: one step's, or, when the
         reader lagged behind the step loop, those of all the steps since it last read (in order; never held
         back to wait for more). Leaving the iteration early aborts the request. `timeline` (read it once the
