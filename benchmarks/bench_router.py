@@ -4,12 +4,17 @@
    engine's gRPC `Generate`, and through the gateway's HTTP `/generate` (SSE) + router:
    time to first token and throughput, at `--concurrency` streams and with one stream at
    a time (where the added hop latency is not hidden by batching);
-2. scale-out: aggregate throughput through gateway + router with 1, 2, ... engines.
+2. scale-out: aggregate throughput through gateway + router with 1, 2, ... engines;
+3. `--ceiling` (issue 15, benchmarks/service_ceiling.py): the same stack with an engine that costs
+   nothing (`--skip-forward`), loaded through the engine's gRPC, the router's gRPC and the
+   gateway's HTTP at 64, 256 and 1,024 streams: tokens/s, requests/s and every process's CPU per
+   token, i.e. how fast an engine the service path can keep up with.
 
 Each configuration is a real `turnout serve --engines N` stack on loopback; "direct"
 calls its first engine while the router sits idle.
 
     python -m benchmarks.bench_router [--model PATH] [--concurrency 64] [--output-len 64]
+    python -m benchmarks.bench_router --ceiling [--ceiling-streams 64 256 1024] [--profile DIR]
 
 Prints Markdown tables (the format of docs/benchmarks.md).
 """
@@ -28,12 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from benchmarks import service_ceiling
 from turnout.child_processes import free_port
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
@@ -60,12 +66,14 @@ class Run:
 class Serve:
     """`turnout serve --engines N` as a child process."""
 
-    def __init__(self, model: Path | None, engines: int, policy: str, log: Path) -> None:
+    def __init__(self, model: Path | None, engines: int, policy: str, log: Path, extra: Sequence[str] = ()) -> None:
         self.port = free_port()
         # Replica i listens on engine_port + i: pick a base with room above it.
         self.engine_port = free_port()
+        self.router_port = free_port()
         argv = [sys.executable, "-m", "turnout.cli", "serve", "--port", str(self.port), "--policy", policy]
         argv += ["--engines", str(engines), "--engine-port", str(self.engine_port)]
+        argv += ["--router-port", str(self.router_port), *extra]
         # A token this script knows, to call the engines directly (deployments give one the same way).
         self.token = secrets.token_urlsafe(32)
         self._token_file = Path(tempfile.mkdtemp()) / "internal-token"
@@ -127,11 +135,12 @@ async def direct(address: str, token: str, prompts: list[list[int]], output_len:
             request = engine_pb2.EngineGenerateRequest(
                 request_id=os.urandom(8).hex(), input_ids=prompt, sampling_params=params
             )
-            async for response in stub.Generate(request):
-                part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
-                if part.token_ids and not first:
-                    first = time.perf_counter() - start
-                tokens += len(part.token_ids)
+            async for message in stub.Generate(request):
+                for response in (message, *message.batch):  # steps ready together come in one message
+                    part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
+                    if part.token_ids and not first:
+                        first = time.perf_counter() - start
+                    tokens += len(part.token_ids)
             return first, tokens
 
         return await gather_streams(prompts, one)
@@ -230,6 +239,44 @@ def scale_out(args: argparse.Namespace, log: Path) -> list[str]:
     return rows
 
 
+def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
+    """The three paths at each concurrency, on one --skip-forward stack; the paths take turns going first."""
+    model = args.model or service_ceiling.tiny_model(Path(tempfile.mkdtemp()))
+    most = max(args.ceiling_streams)
+    extra = ["--skip-forward", "--max-running-requests", str(most), "--max-concurrent-requests", str(most + 64)]
+    stack = Serve(model, 1, args.policy, log, extra)
+    try:
+        stack.wait_ready()
+        processes = service_ceiling.service_processes(stack.process.pid)
+        targets = {
+            "engine": service_ceiling.Target("engine", f"127.0.0.1:{stack.engine_port}", stack.token),
+            "router": service_ceiling.Target("router", f"127.0.0.1:{stack.router_port}"),
+            "gateway": service_ceiling.Target("gateway", str(stack.port)),
+        }
+        rows = []
+        for k, streams in enumerate(args.ceiling_streams):
+            order = list(args.ceiling_paths)
+            order = order[k % len(order) :] + order[: k % len(order)]
+            measured = {p: service_ceiling.measure(targets[p], processes, args, streams, seed=k) for p in order}
+            rows += [measured[p] for p in args.ceiling_paths]
+        if args.profile is not None:
+            service_ceiling.profile(targets["gateway"], processes, args, args.profile)
+    finally:
+        stack.stop()
+    lines = service_ceiling.table(rows)
+    if list(args.ceiling_paths) == list(service_ceiling.PATHS):
+        lines.append("")
+        lines.append("| streams | router gRPC / engine | gateway HTTP / engine |")
+        lines.append("| --- | --- | --- |")
+        for i in range(0, len(rows), 3):
+            engine, router, gateway = rows[i : i + 3]
+            lines.append(
+                f"| {engine.streams} | {router.tokens_per_s / engine.tokens_per_s:.1%} "
+                f"| {gateway.tokens_per_s / engine.tokens_per_s:.1%} |"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
@@ -243,10 +290,25 @@ def main() -> None:
     parser.add_argument("--scale", type=int, nargs="+", default=[1, 2, 3], help="engine counts for scale-out")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--ceiling", action="store_true", help="only the service path's ceiling (--skip-forward)")
+    parser.add_argument("--ceiling-streams", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--ceiling-paths", nargs="+", choices=service_ceiling.PATHS, default=service_ceiling.PATHS)
+    parser.add_argument("--ceiling-output-len", type=int, default=128)
+    parser.add_argument("--ceiling-requests", type=int, default=2, help="requests each stream sends in turn")
+    parser.add_argument("--ceiling-settle", type=float, default=3.0, help="seconds for the clients to warm up")
+    parser.add_argument("--clients", type=int, default=2, help="client processes the load is split among")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the services under the gateway load")
+    parser.add_argument("--profile-seconds", type=int, default=10)
     parser.add_argument(
         "--log", type=Path, default=Path(tempfile.gettempdir()) / "turnout-bench-router.log", help="the stacks' output"
     )
     args = parser.parse_args()
+    if args.ceiling:
+        print(f"service path ceiling, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+              f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
+        print("\n".join(ceiling(args, args.log)), flush=True)
+        print(f"(load average after: {os.getloadavg()[0]:.1f})")
+        return
     if args.model is None:
         from turnout.default_model import prepare_default_model
 

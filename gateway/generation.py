@@ -115,6 +115,10 @@ class Generation:
             sample.prompt_token_ids = [] if first is aio.EOF else list(first.prompt_token_ids)
         # A sample's last chunk, held until its Complete (the router's next message for it) arrives.
         self._last_chunks: dict[int, Event] = {}
+        # While events() runs: the router's messages received and not read yet, and the responses of the
+        # message being read that are still to come (see ready()).
+        self._queue: asyncio.Queue[tuple[int, Any]] | None = None
+        self._unread_parts = 0
 
     @classmethod
     async def start(
@@ -131,6 +135,8 @@ class Generation:
         """
         started = time.monotonic()
         metrics.on_generate(requests)
+        for request in requests:
+            request.accept_batches = True  # what is ready comes in one message (events() unpacks it)
         calls = [stub.Generate(request, timeout=timeout_s) for request in requests]
         try:
             firsts = await asyncio.gather(*(call.read() for call in calls))
@@ -146,9 +152,16 @@ class Generation:
         for call in self._calls:
             call.cancel()
 
+    def ready(self) -> bool:
+        """Whether more output is already here (events() yields it without waiting): the SSE writer
+        then puts the next events in the same socket write."""
+        return self._unread_parts > 0 or (self._queue is not None and not self._queue.empty())
+
     async def events(self) -> AsyncGenerator[Event, None]:
-        """Every sample's output in arrival order; raises on a failed call or an aborted sample."""
+        """Every sample's output in arrival order, one event per response even when the router batched
+        several in one message; raises on a failed call or an aborted sample."""
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(_QUEUE_SIZE)
+        self._queue = queue
         readers = [asyncio.create_task(self._read(p, queue)) for p in range(len(self._calls))]
         open_calls = len(readers)
         try:
@@ -159,9 +172,13 @@ class Generation:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    event = self._apply(prompt, item)
-                    if event is not None:
-                        yield event
+                    parts = (item, *item.batch) if item.batch else (item,)
+                    for k, part in enumerate(parts):
+                        self._unread_parts = len(parts) - k - 1
+                        event = self._apply(prompt, part)
+                        if event is not None:
+                            yield event
+                    self._unread_parts = 0
             unfinished = [s.index for s in self.samples if s.finish_reason is None]
             if unfinished:
                 raise HTTPError(502, f"the router ended the stream before samples {unfinished} finished")

@@ -96,7 +96,7 @@ async def generate(body: NativeGenerateRequest, request: Request) -> Response:
 
     if body.stream:
         events = _stream(generation, output, listed)
-        return sse.SSEResponse(sse.frames(events), on_close=generation.cancel)
+        return sse.SSEResponse(sse.frames(events, generation.ready), on_close=generation.cancel)
     samples = await unless_disconnected(request, generation.collect())
     outputs = [output(s) for s in samples]
     return JSONResponse(outputs if listed else outputs[0])

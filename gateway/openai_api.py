@@ -152,6 +152,6 @@ async def _respond(
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = stream_chunks(head, shown, generation, include_usage)
-        return sse.SSEResponse(sse.frames(chunks), on_close=generation.cancel)
+        return sse.SSEResponse(sse.frames(chunks, generation.ready), on_close=generation.cancel)
     samples = await unless_disconnected(request, generation.collect())
     return JSONResponse(build_body(head, shown, samples))

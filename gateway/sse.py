@@ -26,15 +26,30 @@ def encode(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def frames(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[bytes, None]:
-    """Encode `events`, turning an error into an error event; always ends with [DONE]."""
+def _nothing_ready() -> bool:
+    return False
+
+
+async def frames(
+    events: AsyncGenerator[dict[str, Any], None], ready: Callable[[], bool] = _nothing_ready
+) -> AsyncGenerator[bytes, None]:
+    """Encode `events`, turning an error into an error event; always ends with [DONE].
+
+    The bytes are the same whatever `ready` says; it only decides the socket writes: while `ready()`
+    (more events are already here) frames are gathered into one write, and the write goes out as soon
+    as nothing more is ready, so no event waits for a later one."""
+    pending: list[bytes] = []
     async with contextlib.aclosing(events):
         try:
             async for event in events:
-                yield encode(event)
+                pending.append(encode(event))
+                if not ready():
+                    yield b"".join(pending)
+                    pending.clear()
         except Exception as exc:
-            yield encode(to_http_error(exc).body())
-    yield DONE
+            pending.append(encode(to_http_error(exc).body()))
+    pending.append(DONE)
+    yield b"".join(pending)
 
 
 async def typed_frames(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[bytes, None]:

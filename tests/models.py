@@ -36,7 +36,7 @@ def _save_random_llama(out: Path, vocab: int, *, seed: int, max_positions: int) 
         num_attention_heads=4,
         num_key_value_heads=2,  # GQA
         max_position_embeddings=max_positions,
-        rope_theta=10000.0,
+        rope_theta=10000.0,  # type: ignore[call-arg]  # taken through **kwargs (transformers 5 folds it into rope_parameters)
         tie_word_embeddings=True,
         bos_token_id=1,
         eos_token_id=2,

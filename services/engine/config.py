@@ -244,6 +244,13 @@ class EngineConfig:
         1, "adapters on the device at once: the most one step can mix", aliases=("--max-loras-per-batch",)
     )
     max_lora_rank: int = flag(16, "highest adapter rank accepted")
+    # Benchmarking the service path only (services/engine/skip_forward.py): no forward pass, no sampler;
+    # each next token is the previous one + 1, so the engine costs almost nothing per token.
+    skip_forward: bool = flag(
+        False,
+        "benchmarking the service path only: skip the model's forward pass and sampling, each next token "
+        "is the previous id + 1 (meaningless text, no logprobs); never for serving",
+    )
 
     def __post_init__(self) -> None:
         if not (self.model / "config.json").is_file():
@@ -317,6 +324,8 @@ class EngineConfig:
             )
         if self.lora_modules and not self.enable_lora:
             raise ValueError("--lora-modules needs --enable-lora")
+        if self.skip_forward and self.tensor_parallel_size > 1:
+            raise ValueError("--skip-forward runs one rank: it cannot be combined with --tensor-parallel-size > 1")
         if self.enable_lora and self.tensor_parallel_size > 1:
             # The row-parallel projections' LoRA terms would need sharding and the all-reduce too; not done yet.
             raise ValueError("--enable-lora cannot be combined with --tensor-parallel-size > 1 yet")

@@ -153,6 +153,14 @@ def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
     )
 
 
+def outputs_to_proto(outputs: list[EngineOutput]) -> engine_pb2.EngineGenerateResponse:
+    """One message for a batch of outputs: the first, followed by the rest in `batch` (engine.proto)."""
+    first = output_to_proto(outputs[0])
+    if len(outputs) > 1:
+        first.batch.extend(output_to_proto(output) for output in outputs[1:])
+    return first
+
+
 def load_to_proto(report: LoadReport) -> engine_pb2.Load:
     capacity = max(report.kv_tokens_capacity, 1)
     return engine_pb2.Load(

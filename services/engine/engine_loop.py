@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -155,7 +155,18 @@ class EngineLoop:
     async def generate(
         self, request: EngineRequest, priority: int = 0, timeline: RequestTimeline | None = None
     ) -> AsyncIterator[EngineOutput]:
-        """Stream the request's outputs; leaving the iteration early aborts it. `timeline` (read it once the
+        """Stream the request's outputs one by one (see generate_batches); leaving the iteration early aborts it."""
+        async with contextlib.aclosing(self.generate_batches(request, priority, timeline)) as batches:
+            async for batch in batches:
+                for output in batch:
+                    yield output
+
+    async def generate_batches(
+        self, request: EngineRequest, priority: int = 0, timeline: RequestTimeline | None = None
+    ) -> AsyncGenerator[list[EngineOutput], None]:
+        """Stream the request's outputs, every output that is ready in one batch: one step's, or, when the
+        reader lagged behind the step loop, those of all the steps since it last read (in order; never held
+        back to wait for more). Leaving the iteration early aborts the request. `timeline` (read it once the
         last output arrived) gets the times the request was queued, scheduled, first sampled and finished.
 
         A constrained request first waits for its grammar, compiled off the step loop (the batch
@@ -185,14 +196,21 @@ class EngineLoop:
         self._commands.put(_Add(request, priority))
         finished = False
         try:
-            while True:
-                item = await stream.outputs.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.request_finished:
-                    finished = True
-                    return
+            while not finished:
+                items = [await stream.outputs.get()]
+                while not stream.outputs.empty():  # what the step loop delivered while this reader lagged
+                    items.append(stream.outputs.get_nowait())
+                batch: list[EngineOutput] = []
+                for item in items:
+                    if isinstance(item, BaseException):
+                        if batch:
+                            yield batch
+                        raise item
+                    batch.append(item)
+                    if item.request_finished:  # nothing follows the last output
+                        finished = True
+                        break
+                yield batch
         finally:
             if not finished:
                 self._commands.put(_Abort(request.request_id))

@@ -62,6 +62,7 @@ from services.engine.sampling_validation import Limits
 from services.engine.scheduler import Policy, ScheduledSequence, Scheduler
 from services.engine.sequence import Sequence
 from services.engine.sequence_group import SequenceGroup
+from services.engine.skip_forward import SkipForwardRunner, launch_counting
 from services.engine.step_sampler import PendingSample, SampledToken, launch_sampling
 from services.engine.vocab import ModelVocab
 from turnout.errors import InvalidArgument
@@ -131,9 +132,10 @@ class LLMEngine:
             },
         )
         # Captured after the KV cache exists: the graphs record its addresses.
-        graphs = build_decode_graphs(config, self.loaded, backend)
+        graphs = None if config.skip_forward else build_decode_graphs(config, self.loaded, backend)
         if tp is None:
-            self.runner = ModelRunner(
+            runner_class = SkipForwardRunner if config.skip_forward else ModelRunner
+            self.runner = runner_class(
                 self.loaded.model, backend, config.block_size, self.loaded.device, graphs, lora=self.loras
             )
         else:
@@ -321,6 +323,9 @@ class LLMEngine:
         outputs = self._step_beams(batch.sample_seqs, logits.sample)
         seqs, rows, forks = self._expand_forks(batch.sample_seqs)
         if not seqs:
+            return outputs
+        if self.config.skip_forward:
+            self._pending = launch_counting(seqs, self.loaded.vocab_size, self.loaded.device)
             return outputs
         eos = self.loaded.eos_token_ids
         self._pending = launch_sampling(

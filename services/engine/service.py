@@ -9,7 +9,7 @@ from grpc import aio
 from opentelemetry import trace
 
 from services.engine.config import EngineConfig
-from services.engine.convert import load_to_proto, output_to_proto, request_from_proto
+from services.engine.convert import load_to_proto, outputs_to_proto, request_from_proto
 from services.engine.engine_loop import EngineLoop
 from services.engine.model_loader import LoadedModel
 from services.engine.request import EngineOutput
@@ -41,14 +41,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 "prompt_tokens": len(request.input_ids),
             },
         )
-        # A cancelled call cancels this generator; closing engine.generate() aborts the request.
+        # A cancelled call cancels this generator; closing engine.generate_batches() aborts the request.
+        # One message per batch: what became ready while this call's reader lagged goes out together.
         priority = request.priority if request.HasField("priority") else 0
         timeline = RequestTimeline()
         last: EngineOutput | None = None
         try:
-            async for output in self._engine.generate(engine_request, priority, timeline):
-                last = output
-                yield output_to_proto(output)
+            async for outputs in self._engine.generate_batches(engine_request, priority, timeline):
+                last = outputs[-1]
+                yield outputs_to_proto(outputs)
         finally:
             _annotate_span(shown_id, timeline, last)
 

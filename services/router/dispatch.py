@@ -55,20 +55,18 @@ RETRYABLE = ENGINE_FAULTS | {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 @dataclass
 class _Progress:
-    """Which samples of the request have ended, and the last counts of each."""
+    """Which samples of the request have ended, and the last chunk (its counts) of each."""
 
     num_samples: int
     ended: set[int] = field(default_factory=set)
-    counts: dict[int, common_pb2.Usage] = field(default_factory=dict)
+    last_chunks: dict[int, engine_pb2.EngineChunk] = field(default_factory=dict)
 
     def observe(self, response: engine_pb2.EngineGenerateResponse) -> None:
-        if response.WhichOneof("kind") == "chunk":
-            c = response.chunk
-            self.counts[c.index] = common_pb2.Usage(
-                prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens
-            )
-        else:
-            self.ended.add(response.complete.index)
+        for part in (response, *response.batch) if response.batch else (response,):
+            if part.WhichOneof("kind") == "chunk":
+                self.last_chunks[part.chunk.index] = part.chunk
+            else:
+                self.ended.add(part.complete.index)
 
     @property
     def done(self) -> bool:
@@ -79,11 +77,19 @@ class _Progress:
         finish = common_pb2.FinishReason(abort=common_pb2.FinishReason.Abort(message=message))
         return [
             engine_pb2.EngineGenerateResponse(
-                complete=engine_pb2.EngineComplete(index=i, finish_reason=finish, usage=self.counts.get(i))
+                complete=engine_pb2.EngineComplete(index=i, finish_reason=finish, usage=self._usage(i))
             )
             for i in range(self.num_samples)
             if i not in self.ended
         ]
+
+    def _usage(self, index: int) -> common_pb2.Usage | None:
+        c = self.last_chunks.get(index)
+        if c is None:
+            return None
+        return common_pb2.Usage(
+            prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens
+        )
 
 
 class EngineStream:

@@ -3,8 +3,14 @@
     encode (tokenizer) -> Engine.Generate (token ids) -> Detokenize streams (text, stop strings,
     reasoning, tool calls) -> caller
 
-Every engine chunk of a sample is answered by exactly one Detokenize response,
-so text deltas stay aligned with their token ids and log-probabilities. A
+Every engine chunk of a sample (one engine step's tokens) gets exactly one Detokenize
+answer, so text deltas stay aligned with their token ids and log-probabilities. The
+engine batches the steps that were ready while its reader lagged into one message,
+and the router takes every engine message that arrived while it was busy at once
+(ready_batches.py); it sends each sample's consecutive chunks in one Detokenize exchange
+(one answer per step, DetokenizeTokens.step_sizes) and yields all the responses
+made of those messages together (sent as one message to a caller that accepts
+batches). Nothing waits for more: a batch is only what was already there. A
 matched stop string or regex ends its sample (the engine is told to abort just
 that sample); once every sample has ended the engine call is cancelled.
 Leaving this generator early (the caller went away) cancels the engine call
@@ -24,6 +30,7 @@ best beams, whole, when its search ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import defaultdict
@@ -36,6 +43,7 @@ from services.router import dispatch
 from services.router.engine_pool import EnginePool
 from services.router.logprob_text import fill_texts
 from services.router.prompt import Prompt, encode_prompt, encode_sampling_strings
+from services.router.ready_batches import ready_batches
 from services.router.sample_text import SampleText
 from services.router.tokenizer_pool import TokenizerPool, is_unreachable
 from services.router.tool_constraint import constrain_for_tools
@@ -65,15 +73,17 @@ def _asks_logprobs(options: common_pb2.LogprobOptions) -> bool:
 
 async def generate(
     request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizers: TokenizerPool
-) -> AsyncIterator[inference_pb2.GenerateResponse]:
-    """The request's responses. A tokenizer that went away before anything was sent (it died
-    after it was picked) costs one more try on a newly picked one; later, a clear UNAVAILABLE."""
+) -> AsyncIterator[list[inference_pb2.GenerateResponse]]:
+    """The request's responses, in batches: those made of one engine message (one step's output, or all
+    the steps that were ready when the engine's reader lagged) come together. A tokenizer that went
+    away before anything was sent (it died after it was picked) costs one more try on a newly picked
+    one; later, a clear UNAVAILABLE."""
     for attempt in range(2):
         sent = False
         try:
-            async for response in _generate_once(request, engines, await tokenizers.pick()):
+            async for batch in _generate_once(request, engines, await tokenizers.pick()):
                 sent = True
-                yield response
+                yield batch
             return
         except aio.AioRpcError as exc:
             # Engine failures reach here as TurnoutErrors (dispatch) or as non-retryable codes, so an
@@ -87,7 +97,7 @@ async def generate(
 
 async def _generate_once(
     request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizer: tokenizer_pb2_grpc.TokenizerStub
-) -> AsyncIterator[inference_pb2.GenerateResponse]:
+) -> AsyncIterator[list[inference_pb2.GenerateResponse]]:
     # The caller's id is shown (logs, traces, the tokenizer's logs); the engine keys requests by a
     # unique one, so two concurrent requests may share an id (as in vLLM).
     request_id = request.request_id or uuid.uuid4().hex
@@ -140,21 +150,23 @@ async def _generate_once(
     # The prompt's ids go with the first response only.
     prompt_ids = list(input_ids) if request.return_prompt_token_ids else []
     if not ranking:
-        async for response in samples.run(engine_request):
+        async for batch in samples.run(engine_request):
             if with_texts:
-                await _fill_texts(tokenizer, response)
-            response.prompt_token_ids.extend(prompt_ids)
+                for response in batch:
+                    await _fill_texts(tokenizer, response)
+            batch[0].prompt_token_ids.extend(prompt_ids)
             prompt_ids = []
-            yield response
+            yield batch
         return
 
     held: dict[int, list[inference_pb2.GenerateResponse]] = defaultdict(list)
     scores: dict[int, float] = defaultdict(float)
-    async for response in samples.run(engine_request):
-        part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
-        held[part.index].append(response)
-        if response.WhichOneof("kind") == "chunk":
-            scores[part.index] += sum(p.token.logprob for p in response.chunk.logprobs)
+    async for batch in samples.run(engine_request):
+        for response in batch:
+            part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
+            held[part.index].append(response)
+            if response.WhichOneof("kind") == "chunk":
+                scores[part.index] += sum(p.token.logprob for p in response.chunk.logprobs)
     best = sorted(range(best_of), key=lambda i: (-scores[i], i))[:n]
     for new_index, old_index in enumerate(best):
         for response in held[old_index]:
@@ -166,7 +178,7 @@ async def _generate_once(
                 await _fill_texts(tokenizer, response)
             response.prompt_token_ids.extend(prompt_ids)
             prompt_ids = []
-            yield response
+            yield [response]
 
 
 def _detokenize_start(
@@ -232,44 +244,74 @@ class _Samples:
 
     async def run(
         self, engine_request: engine_pb2.EngineGenerateRequest
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    ) -> AsyncIterator[list[inference_pb2.GenerateResponse]]:
+        """The responses made of the engine messages that were ready together, in one list. Each sample's
+        consecutive chunks among them (steps that were ready together) cost one Detokenize exchange."""
         # Picks the engine; retries one that fails before output elsewhere, turns a later failure into aborts.
         async with dispatch.open_stream(self._engines, self._model_name, engine_request) as call:
             self._call = call
             try:
-                async for response in call:
-                    if response.WhichOneof("kind") == "chunk":
-                        async for out in self._on_chunk(engine_request.request_id, response.chunk):
+                async with contextlib.aclosing(ready_batches(aiter(call))) as ready:
+                    async for messages in ready:
+                        out = await self._on_messages(engine_request.request_id, messages)
+                        if out:
                             yield out
-                    else:
-                        async for out in self._on_complete(response.complete):
-                            yield out
-                    if len(self._ended) >= self._num_samples:
-                        break
+                        if len(self._ended) >= self._num_samples:
+                            break
             finally:
                 call.cancel()
                 for text in self._texts.values():
                     text.cancel()
 
-    async def _on_chunk(
-        self, request_id: str, chunk: engine_pb2.EngineChunk
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        self._input_logprobs = self._input_logprobs or list(chunk.input_logprobs)
-        if chunk.index in self._ended:
+    async def _on_messages(
+        self, request_id: str, messages: list[engine_pb2.EngineGenerateResponse]
+    ) -> list[inference_pb2.GenerateResponse]:
+        parts = [part for message in messages for part in (message, *message.batch)]
+        out: list[inference_pb2.GenerateResponse] = []
+        i = 0
+        while i < len(parts) and len(self._ended) < self._num_samples:
+            if parts[i].WhichOneof("kind") == "complete":
+                await self._on_complete(parts[i].complete, out)
+                i += 1
+                continue
+            index, j = parts[i].chunk.index, i + 1
+            while j < len(parts) and parts[j].WhichOneof("kind") == "chunk" and parts[j].chunk.index == index:
+                j += 1
+            await self._on_chunks(request_id, [p.chunk for p in parts[i:j]], out)
+            i = j
+        return out
+
+    async def _on_chunks(
+        self, request_id: str, chunks: list[engine_pb2.EngineChunk], out: list[inference_pb2.GenerateResponse]
+    ) -> None:
+        """Consecutive steps' chunks of one sample: each gets the chunk it would have had alone."""
+        self._input_logprobs = self._input_logprobs or list(chunks[0].input_logprobs)
+        index = chunks[0].index
+        if index in self._ended:
             return
-        text = await self._text(chunk.index).push(list(chunk.token_ids), last=False)
-        matched = _matched(text)
-        yield _chunk(
-            chunk.index,
-            text,
-            chunk.token_ids,
-            chunk.logprobs,
-            chunk,
-            last=matched is not None,
-            hidden=chunk.hidden_states,
-        )
-        if matched is None:
-            return
+        text = self._text(index)
+        if len(chunks) == 1:
+            texts = [await text.push(list(chunks[0].token_ids), last=False)]
+        else:
+            texts = await text.push_steps([list(c.token_ids) for c in chunks])
+        for chunk, step in zip(chunks, texts, strict=False):  # the answers stop at a matched stop
+            matched = _matched(step)
+            last = matched is not None
+            out.append(
+                _chunk(index, step, chunk.token_ids, chunk.logprobs, chunk, last=last, hidden=chunk.hidden_states)
+            )
+            if matched is not None:
+                await self._end_on_stop(request_id, chunk, step, matched, out)
+                return
+
+    async def _end_on_stop(
+        self,
+        request_id: str,
+        chunk: engine_pb2.EngineChunk,
+        text: tokenizer_pb2.DetokenizeResponse,
+        matched: common_pb2.FinishReason,
+        out: list[inference_pb2.GenerateResponse],
+    ) -> None:
         self._ended.add(chunk.index)
         usage = common_pb2.Usage(
             prompt_tokens=chunk.prompt_tokens,
@@ -277,7 +319,7 @@ class _Samples:
             cached_tokens=chunk.cached_tokens,
             reasoning_tokens=text.reasoning_tokens,
         )
-        yield _complete(chunk.index, matched, usage, self._input_logprobs)
+        out.append(_complete(chunk.index, matched, usage, self._input_logprobs))
         engine = self._call.engine if self._call is not None else None
         if len(self._ended) < self._num_samples and engine is not None:
             # Only this sample is over: free its KV blocks while the others go on.
@@ -287,7 +329,7 @@ class _Samples:
                 # Best effort: an engine that cannot take it fails its stream too, which dispatch reports.
                 log.warning("abort of a finished sample failed", extra={"error": exc.details()})
 
-    async def _on_complete(self, done: engine_pb2.EngineComplete) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    async def _on_complete(self, done: engine_pb2.EngineComplete, out: list[inference_pb2.GenerateResponse]) -> None:
         self._input_logprobs = self._input_logprobs or list(done.input_logprobs)
         if done.index in self._ended:
             return
@@ -301,8 +343,8 @@ class _Samples:
         if text.reasoning_tokens:
             usage.reasoning_tokens = text.reasoning_tokens
         if ids or text.text or text.reasoning_text or text.tool_calls or done.hidden_states:
-            yield _chunk(done.index, text, ids, done.logprobs, usage, last=True, hidden=done.hidden_states)
-        yield _complete(done.index, finish, usage, self._input_logprobs, done.embedding)
+            out.append(_chunk(done.index, text, ids, done.logprobs, usage, last=True, hidden=done.hidden_states))
+        out.append(_complete(done.index, finish, usage, self._input_logprobs, done.embedding))
 
 
 def _matched(text: tokenizer_pb2.DetokenizeResponse) -> common_pb2.FinishReason | None:

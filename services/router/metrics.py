@@ -109,15 +109,15 @@ class RequestMetrics:
         )
 
     async def observe(
-        self, responses: AsyncIterator[inference_pb2.GenerateResponse]
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        self, batches: AsyncIterator[list[inference_pb2.GenerateResponse]]
+    ) -> AsyncIterator[list[inference_pb2.GenerateResponse]]:
         started, first, status = time.perf_counter(), True, "CANCELLED"  # left early: the caller went away
         try:
-            async for response in responses:
-                if first and response.WhichOneof("kind") == "chunk" and response.chunk.token_ids:
+            async for batch in batches:
+                if first and any(r.WhichOneof("kind") == "chunk" and r.chunk.token_ids for r in batch):
                     first = False
                     self.ttft.observe(time.perf_counter() - started)
-                yield response
+                yield batch
             status = "OK"
         except Exception as exc:
             code = status_of(exc)

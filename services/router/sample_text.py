@@ -33,6 +33,18 @@ class SampleText:
         chunk = tokenizer_pb2.DetokenizeTokens(token_ids=token_ids, last=last)
         return await self._exchange(tokenizer_pb2.DetokenizeRequest(tokens=chunk))
 
+    async def push_steps(self, steps: list[list[int]]) -> list[tokenizer_pb2.DetokenizeResponse]:
+        """Several engine steps' tokens in one message (none of them the last): each step's answer, as a
+        push of it alone would have been, up to the step where a stop matched."""
+        await self.open()
+        chunk = tokenizer_pb2.DetokenizeTokens(
+            token_ids=[t for step in steps for t in step], step_sizes=[len(step) for step in steps]
+        )
+        answer = await self._exchange(tokenizer_pb2.DetokenizeRequest(tokens=chunk))
+        if not 0 < len(answer.steps) <= len(steps):
+            raise Unavailable(f"the tokenizer answered {len(answer.steps)} steps for {len(steps)}")
+        return list(answer.steps)
+
     async def _exchange(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
         await self._call.write(request)
         response = await self._call.read()

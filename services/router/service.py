@@ -23,8 +23,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        async for response in self._metrics.observe(generate(request, self._engines, self._tokenizers)):
-            yield response
+        batches = self._metrics.observe(generate(request, self._engines, self._tokenizers))
+        async for batch in batches:
+            if request.accept_batches:
+                # One message for what was ready together; the caller reads `batch` (inference.proto).
+                first = batch[0]
+                first.batch.extend(batch[1:])
+                yield first
+            else:
+                for response in batch:
+                    yield response
 
     async def Tokenize(
         self, request: inference_pb2.TokenizeRequest, context: aio.ServicerContext

@@ -134,23 +134,19 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         # writes to a stream this side already ended with a refusal (the refusal is what it reads).
         yield tokenizer_pb2.DetokenizeResponse()
         ended = False
-        async for message in requests:
-            if message.WhichOneof("kind") != "tokens":
-                raise InvalidArgument("only `tokens` may follow `start` in a Detokenize stream")
-            if ended:
-                raise FailedPrecondition("the sequence already ended (a stop matched or the last chunk was sent)")
-            tokens = message.tokens
-            if any(t >= vocab for t in tokens.token_ids):
-                raise InvalidArgument(f"token ids must be below the vocabulary size {vocab}")
-            delta = _push(detokenizer, parser, tokens.token_ids)
-            if tokens.last:
+
+        def answer(token_ids: Sequence[int], last: bool) -> tokenizer_pb2.DetokenizeResponse:
+            """One engine step's tokens: the text that became final, and whether a stop matched."""
+            nonlocal ended
+            delta = _push(detokenizer, parser, token_ids)
+            if last:
                 tail = detokenizer.flush()
                 parser.count(tail, 0)
                 delta += tail
-            result = matcher.push(delta, last=tokens.last)
-            ended = tokens.last or result.stopped
+            result = matcher.push(delta, last=last)
+            ended = last or result.stopped
             parsed = parser.parse(result.text, last=ended)
-            yield tokenizer_pb2.DetokenizeResponse(
+            return tokenizer_pb2.DetokenizeResponse(
                 text=parsed.content,
                 matched_stop=result.matched_stop,
                 matched_regex=result.matched_regex,
@@ -161,6 +157,31 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 ],
                 reasoning_tokens=parser.reasoning_tokens,
             )
+
+        async for message in requests:
+            if message.WhichOneof("kind") != "tokens":
+                raise InvalidArgument("only `tokens` may follow `start` in a Detokenize stream")
+            if ended:
+                raise FailedPrecondition("the sequence already ended (a stop matched or the last chunk was sent)")
+            tokens = message.tokens
+            if any(t >= vocab for t in tokens.token_ids):
+                raise InvalidArgument(f"token ids must be below the vocabulary size {vocab}")
+            if not tokens.step_sizes:
+                yield answer(tokens.token_ids, tokens.last)
+                continue
+            if sum(tokens.step_sizes) != len(tokens.token_ids):
+                raise InvalidArgument(
+                    f"step_sizes add up to {sum(tokens.step_sizes)}, not to the {len(tokens.token_ids)} token ids"
+                )
+            # Step by step, exactly as one message per step would be answered; a matched stop ends the answer.
+            steps, ids, start_at = [], tokens.token_ids, 0
+            for i, size in enumerate(tokens.step_sizes):
+                last_step = tokens.last and i == len(tokens.step_sizes) - 1
+                steps.append(answer(ids[start_at : start_at + size], last_step))
+                start_at += size
+                if ended:
+                    break
+            yield tokenizer_pb2.DetokenizeResponse(steps=steps)
 
     async def EncodeTexts(
         self, request: tokenizer_pb2.EncodeTextsRequest, context: aio.ServicerContext

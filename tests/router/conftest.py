@@ -2,7 +2,9 @@
 in front of scripted fake engines and a fake tokenizer, each a real grpc.aio server.
 
 Fake engines stream `tokens` token ids (100, 101, ...) one chunk each, or scripted
-`outputs` (one list of token ids per sample), and can be
+`outputs` (one list of token ids per sample), each chunk with the sampled token's
+logprob (-id / 1000), and can be told to batch `steps_per_message` steps per message
+(as the real engine does for a reader that lags),
 told to fail before output, fail after k tokens, hold their stream open until
 released, or be stopped and started again on the same port, as a killed and
 restarted engine would be.
@@ -48,6 +50,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         # Scripted output: sample i streams outputs[i % len(outputs)], one token id per chunk.
         self.outputs: list[list[int]] | None = None
         self.token_delay_s = 0.0
+        # Steps sent together in one message (the first response, then the rest in `batch`).
+        self.steps_per_message = 1
         # Fail every Generate with this status before any output.
         self.fail: grpc.StatusCode | None = None
         # Fail with INTERNAL after this many tokens.
@@ -94,6 +98,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             n = request.sampling_params.n if request.sampling_params.HasField("n") else 1
             outputs = [self.outputs[index % len(self.outputs)] for index in range(n)] if self.outputs else None
             length = max(len(o) for o in outputs) if outputs else self.tokens
+            ready: list[engine_pb2.EngineGenerateResponse] = []
             for i in range(length):
                 if self.fail_after is not None and i == self.fail_after:
                     await context.abort(grpc.StatusCode.INTERNAL, f"{self.name} broke mid-stream")
@@ -101,14 +106,26 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 for index in range(n):
                     if outputs is not None and i >= len(outputs[index]):
                         continue
-                    yield engine_pb2.EngineGenerateResponse(
-                        chunk=engine_pb2.EngineChunk(
-                            index=index,
-                            token_ids=[outputs[index][i] if outputs else 100 + i],
-                            prompt_tokens=len(request.input_ids),
-                            completion_tokens=i + 1,
+                    token = outputs[index][i] if outputs else 100 + i
+                    logprob = common_pb2.PositionLogprobs(
+                        token=common_pb2.TokenLogprob(token_id=token, logprob=-token / 1000)
+                    )
+                    ready.append(
+                        engine_pb2.EngineGenerateResponse(
+                            chunk=engine_pb2.EngineChunk(
+                                index=index,
+                                token_ids=[token],
+                                logprobs=[logprob],
+                                prompt_tokens=len(request.input_ids),
+                                completion_tokens=i + 1,
+                            )
                         )
                     )
+                if (i + 1) % self.steps_per_message == 0 or i == length - 1:
+                    first, *rest = ready
+                    first.batch.extend(rest)
+                    ready = []
+                    yield first
             if self.hold is not None:
                 await self.hold.wait()
             for index in range(n):
@@ -145,6 +162,12 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
         async for request in request_iterator:
             if request.WhichOneof("kind") == "start":
                 yield tokenizer_pb2.DetokenizeResponse()  # accepted
+            elif request.tokens.step_sizes:  # several steps: one answer each
+                ids, steps = list(request.tokens.token_ids), []
+                for size in request.tokens.step_sizes:
+                    steps.append(tokenizer_pb2.DetokenizeResponse(text="".join(f"<{t}>" for t in ids[:size])))
+                    ids = ids[size:]
+                yield tokenizer_pb2.DetokenizeResponse(steps=steps)
             else:
                 yield tokenizer_pb2.DetokenizeResponse(text="".join(f"<{t}>" for t in request.tokens.token_ids))
 

@@ -175,3 +175,50 @@ async def test_get_info_shows_the_configured_chat_template(default_model_dir: Pa
     async for stub in _serve(TextTokenizer(default_model_dir, str(template))):
         info = await stub.GetInfo(tokenizer_pb2.GetTokenizerInfoRequest())
         assert json.loads(info.config_json)["chat_template"] == template.read_text()
+
+
+async def detokenize_steps(
+    stub: tokenizer_pb2_grpc.TokenizerStub, start: tokenizer_pb2.DetokenizeStart, steps: list[list[int]]
+) -> list[tokenizer_pb2.DetokenizeResponse]:
+    """All the steps in one message (step_sizes), the last of them the sequence's end: the answer's steps."""
+    call = stub.Detokenize()
+    await call.write(tokenizer_pb2.DetokenizeRequest(start=start))
+    await call.read()
+    ids = [t for step in steps for t in step]
+    tokens = tokenizer_pb2.DetokenizeTokens(token_ids=ids, step_sizes=[len(s) for s in steps], last=True)
+    await call.write(tokenizer_pb2.DetokenizeRequest(tokens=tokens))
+    response = await call.read()
+    assert response is not aio.EOF and not response.text
+    call.cancel()
+    return list(response.steps)
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        tokenizer_pb2.DetokenizeStart(),
+        tokenizer_pb2.DetokenizeStart(stop=["Done"]),
+        tokenizer_pb2.DetokenizeStart(stop_regex=[r"\d+\."], no_stop_trim=True),
+    ],
+)
+async def test_steps_in_one_message_are_answered_as_one_message_each(
+    stub: tokenizer_pb2_grpc.TokenizerStub, text_tokenizer: TextTokenizer, start: tokenizer_pb2.DetokenizeStart
+) -> None:
+    """A stop that matches mid-message ends the answer at its step, as it ends the one-per-step stream."""
+    ids = ids_of(text_tokenizer, "Caf\u00e9 list: 12. Done with it \u2014 more after")
+    one_each = await detokenize(stub, start, ids)
+    assert await detokenize_steps(stub, start, [[t] for t in ids]) == one_each
+    if start.stop or start.stop_regex:
+        assert len(one_each) < len(ids)
+
+
+async def test_step_sizes_that_do_not_add_up_are_invalid(stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
+    call = stub.Detokenize()
+    await call.write(tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart()))
+    await call.read()
+    tokens = tokenizer_pb2.DetokenizeTokens(token_ids=[10, 11, 12], step_sizes=[1, 1])
+    await call.write(tokenizer_pb2.DetokenizeRequest(tokens=tokens))
+    with pytest.raises(aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "step_sizes" in (info.value.details() or "")

@@ -1,0 +1,360 @@
+"""The service path's ceiling (issue 15): how many tokens per second each hop can carry when the
+engine costs nothing.
+
+One `turnout serve --skip-forward` stack (services/engine/skip_forward.py: no forward pass, no
+sampler, each next id is the last + 1) with the tiny random model; at each concurrency, the same
+closed-loop load (every stream sends its requests back to back: token-id prompts, `ignore_eos`,
+`--ceiling-output-len` new tokens) goes three ways:
+
+- engine: the engine's gRPC `Engine.Generate` (router, tokenizer and gateway sit idle);
+- router: the router's public gRPC `Inference.Generate` with `input_ids`;
+- gateway: the gateway's HTTP `/generate` with `input_ids`, streaming (SSE).
+
+The load comes from `--clients` processes (streams split among them) so that one Python client's
+event loop is not the limit; their CPU is reported beside the services' (CPU seconds per 1,000
+tokens, from /proc via psutil, every thread of the process). On a machine with few cores the
+clients share them with the stack: the client's own CPU column says how much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from turnout.grpc_server import client_channel
+from turnout.security import ClientCredentials
+from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
+
+SERVICES = ("engine", "tokenizer", "router", "gateway")
+PATHS = ("engine", "router", "gateway")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the load goes: a path name and what it needs to reach it."""
+
+    path: str
+    address: str  # host:port (gRPC) or the gateway's port
+    token: str = ""
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    tokens: int
+    requests: int
+    first_start: float  # time.monotonic(): one clock for every process of the machine
+    last_end: float
+    cpu_s: float
+    ttfts: list[float]
+
+
+def _prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(100, 40000) for _ in range(length)]
+
+
+async def _engine_stream(stub: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
+    params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
+    request = engine_pb2.EngineGenerateRequest(request_id=os.urandom(8).hex(), input_ids=prompt, sampling_params=params)
+    start, first, tokens = time.perf_counter(), 0.0, 0
+    async for message in stub.Generate(request):
+        for response in (message, *message.batch) if message.batch else (message,):
+            part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
+            tokens += len(part.token_ids)
+        if tokens and not first:
+            first = time.perf_counter() - start
+    return tokens, first
+
+
+async def _router_stream(stub: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
+    params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
+    # As the gateway does: what is ready comes in one message (GenerateResponse.batch).
+    request = inference_pb2.GenerateRequest(
+        input_ids=common_pb2.TokenIds(ids=prompt), sampling_params=params, accept_batches=True
+    )
+    start, first, tokens = time.perf_counter(), 0.0, 0
+    async for message in stub.Generate(request):
+        for response in (message, *message.batch) if message.batch else (message,):
+            if response.WhichOneof("kind") == "chunk":
+                tokens += len(response.chunk.token_ids)
+        if tokens and not first:
+            first = time.perf_counter() - start
+    return tokens, first
+
+
+async def _gateway_stream(port: int, prompt: list[int], output_len: int) -> tuple[int, float]:
+    """A bare HTTP/1.1 request on its own connection: the SSE bytes are only searched, not parsed,
+    so the client spends next to nothing per event (httpx would cost more than the gateway)."""
+    params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
+    body = json.dumps({"input_ids": prompt, "sampling_params": params, "stream": True}).encode()
+    head = (
+        f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    start, first = time.perf_counter(), 0.0
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        tail = b""
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            if not first and b"data: {" in data:
+                first = time.perf_counter() - start
+            tail = (tail + data)[-(1 << 16) :]
+    finally:
+        writer.close()
+    # The last event is cumulative (SGLang's shape): its meta_info counts the tokens.
+    event = tail[tail.rindex(b"data: {") + 6 :]
+    event = event[: event.index(b"\n\n")]
+    return int(json.loads(event)["meta_info"]["completion_tokens"]), first
+
+
+async def _client(
+    target: Target, streams: int, per_stream: int, prompt_len: int, output_len: int, seed: int, go: Any
+) -> ClientResult:
+    rng = random.Random(seed)
+    channel = None
+    if target.path == "gateway":
+        port = int(target.address)
+
+        async def one(prompt: list[int]) -> tuple[int, float]:
+            return await _gateway_stream(port, prompt, output_len)
+    else:
+        bearer = ClientCredentials(bearer=target.token) if target.token else None
+        channel = client_channel(target.address, bearer)
+        if target.path == "engine":
+            engine_stub = engine_pb2_grpc.EngineStub(channel)
+
+            async def one(prompt: list[int]) -> tuple[int, float]:
+                return await _engine_stream(engine_stub, prompt, output_len)
+        else:
+            router_stub = inference_pb2_grpc.InferenceStub(channel)
+
+            async def one(prompt: list[int]) -> tuple[int, float]:
+                return await _router_stream(router_stub, prompt, output_len)
+
+    await one(_prompt(rng, prompt_len))  # warm: connections open, code paths imported
+    await asyncio.get_running_loop().run_in_executor(None, go.wait)
+    cpu0 = time.process_time()
+    ttfts: list[float] = []
+
+    async def stream() -> int:
+        total = 0
+        for _ in range(per_stream):
+            tokens, first = await one(_prompt(rng, prompt_len))
+            total += tokens
+            ttfts.append(first)
+        return total
+
+    start = time.monotonic()
+    counts = await asyncio.gather(*(stream() for _ in range(streams)))
+    end = time.monotonic()
+    cpu = time.process_time() - cpu0
+    if channel is not None:
+        await channel.close()
+    return ClientResult(sum(counts), streams * per_stream, start, end, cpu, ttfts)
+
+
+def _client_process(
+    target: Target, streams: int, per_stream: int, prompt_len: int, output_len: int, seed: int, go: Any, out: Any
+) -> None:
+    try:
+        out.put(asyncio.run(_client(target, streams, per_stream, prompt_len, output_len, seed, go)))
+    except BaseException as exc:  # the parent must not wait for a result that never comes
+        out.put(RuntimeError(f"{target.path} client failed: {type(exc).__name__}: {exc}"))
+        raise
+
+
+@dataclass(frozen=True)
+class Measured:
+    path: str
+    streams: int
+    tokens: int
+    requests: int
+    seconds: float
+    ttft_ms: float
+    # CPU seconds per 1,000 tokens: each service, then the clients together.
+    cpu_per_1k: dict[str, float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds
+
+
+def service_processes(serve_pid: int) -> dict[str, psutil.Process]:
+    """The stack's service processes by name (`python -m turnout.cli NAME ...`; the first replica of each)."""
+    found: dict[str, psutil.Process] = {}
+    for child in psutil.Process(serve_pid).children(recursive=True):
+        try:
+            argv = child.cmdline()
+        except psutil.Error:
+            continue
+        if "turnout.cli" in argv:
+            name = argv[argv.index("turnout.cli") + 1]
+            if name in SERVICES and name not in found:
+                found[name] = child
+    return found
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def measure(
+    target: Target,
+    processes: dict[str, psutil.Process],
+    args: argparse.Namespace,
+    streams: int,
+    seed: int,
+    requests_per_stream: int | None = None,
+) -> Measured:
+    clients = max(1, min(args.clients, streams))
+    context = multiprocessing.get_context("spawn")
+    go, out = context.Event(), context.Queue()
+    shares = [streams // clients + (i < streams % clients) for i in range(clients)]
+    workers = [
+        context.Process(
+            target=_client_process,
+            args=(
+                target,
+                share,
+                requests_per_stream or args.ceiling_requests,
+                args.prompt_len,
+                args.ceiling_output_len,
+                seed * 100 + i,
+                go,
+                out,
+            ),
+        )
+        for i, share in enumerate(shares)
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(args.ceiling_settle)  # every client connected and warmed before the clock starts
+    before = {name: _cpu(p) for name, p in processes.items()}
+    go.set()
+    results: list[ClientResult] = [out.get(timeout=1800) for _ in workers]
+    for worker in workers:
+        worker.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    after = {name: _cpu(p) for name, p in processes.items()}
+    tokens = sum(r.tokens for r in results)
+    seconds = max(r.last_end for r in results) - min(r.first_start for r in results)
+    cpu = {name: (after[name] - before[name]) / tokens * 1000 for name in processes}
+    cpu["client"] = sum(r.cpu_s for r in results) / tokens * 1000
+    ttft = statistics.median(t for r in results for t in r.ttfts) * 1000
+    return Measured(target.path, streams, tokens, sum(r.requests for r in results), seconds, ttft, cpu)
+
+
+def table(rows: list[Measured]) -> list[str]:
+    names = [*SERVICES, "client"]
+    lines = [
+        "| streams | path | tokens/s | requests/s | median TTFT | CPU s / 1k tokens: " + " | ".join(names) + " |",
+        "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
+    for m in rows:
+        cpu = " | ".join(f"{m.cpu_per_1k.get(n, 0.0):.3f}" for n in names)
+        lines.append(
+            f"| {m.streams} | {m.path} | {m.tokens_per_s:,.0f} | {m.requests_per_s:.1f} | {m.ttft_ms:.0f} ms | {cpu} |"
+        )
+    return lines
+
+
+def tiny_model(root: Path) -> Path:
+    """The tests' 2-layer random Llama with the default model's tokenizer (tests/models.py)."""
+    from tests.models import build_tiny_llama
+    from turnout.default_model import prepare_default_model
+
+    return build_tiny_llama(root / "tiny-llama", prepare_default_model())
+
+
+def profile(target: Target, processes: dict[str, psutil.Process], args: argparse.Namespace, out: Path) -> None:
+    """py-spy every service in turn (--profile-seconds each) while `target` carries the largest load but
+    one; print each one's top frames (own time, and time with callees) from the collapsed stacks it
+    writes to `out`."""
+    import shutil
+    import subprocess
+    import sys
+    import threading
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    out.mkdir(parents=True, exist_ok=True)
+    streams = sorted(args.ceiling_streams)[-2] if len(args.ceiling_streams) > 1 else args.ceiling_streams[0]
+    done: list[Measured] = []
+    # Long enough to outlast the profile and py-spy's start (seconds on a process with torch loaded).
+    per_stream = max(
+        args.ceiling_requests, 10_000 * len(processes) * args.profile_seconds // (streams * args.ceiling_output_len)
+    )
+    load = threading.Thread(
+        target=lambda: done.append(measure(target, processes, args, streams, seed=77, requests_per_stream=per_stream))
+    )
+    load.start()
+    # Start once the load runs (the target service spends a tenth of a core); its end is waited for.
+    busiest = processes.get(target.path, processes["engine"])
+    before = _cpu(busiest)
+    while load.is_alive():
+        time.sleep(1)
+        now = _cpu(busiest)
+        if now - before > 0.1:
+            break
+        before = now
+    for name, process in processes.items():  # one after the other, on the same load
+        command = [spy, "record", "--nonblocking", "-r", "50", "-d", str(args.profile_seconds), "-f", "raw"]
+        command += ["-o", str(out / f"{name}.txt"), "-p", str(process.pid)]
+        with open(out / f"{name}.log", "w") as spy_log:
+            subprocess.run(command, stdout=spy_log, stderr=subprocess.STDOUT, check=False)
+    load.join()
+    print(f"\nprofiles ({target.path} path, {streams} streams, {done[0].tokens_per_s:,.0f} tok/s), in {out}:")
+    for name in processes:
+        path = out / f"{name}.txt"
+        if path.is_file():
+            print(f"\n{name}:\n" + "\n".join(top_frames(path.read_text())))
+
+
+def top_frames(collapsed: str, count: int = 8) -> list[str]:
+    """The frames holding most samples: by own time (the stack's leaf) and by time with callees."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, samples = line.rpartition(" ")
+        if not stack or not samples.isdigit():
+            continue
+        n = int(samples)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    if not total:
+        return ["(no samples)"]
+    lines = [f"- own: {n / total:.0%} {frame}" for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:count]]
+    # Our own frames (and grpc's), without the entry points every sample passes through.
+    ours = ("services/", "gateway/", "turnout/errors", "grpc/", "starlette/", "uvicorn/protocols")
+    entry = ("run (services", "main (turnout", "serve (turnout", "Server.run", "run (turnout")
+    busy = [
+        (f, n)
+        for f, n in sorted(inclusive.items(), key=lambda kv: -kv[1])
+        if any(o in f for o in ours) and not f.startswith(entry)
+    ]
+    lines += [f"- with callees: {n / total:.0%} {frame}" for frame, n in busy[:count]]
+    return lines
