@@ -119,6 +119,33 @@ inline void softmax(float* s, int64_t len, float top) {
   }
 }
 
+// out[g] = sum over the `len` positions p of scores[g * len + p] * V[p], for the G query heads of
+// one KV head (softmax weights in `scores`, float32): each value row is widened once for all G
+// heads and the G outputs stay in registers. `v` points at the KV head's D elements of position 0
+// of block table[0]. Shared by one_kv_head and one_kv_head_bf16; always inlined: as an outlined
+// call the bfloat16 kernel took 0.292 instead of 0.237 ms a layer (64 sequences, same process).
+template <typename T, int64_t D, int64_t G>
+__attribute__((always_inline)) inline void value_sum(const float* scores, const T* v, const int64_t* table,
+                                                     int64_t len, int64_t block_size, int64_t slot_stride, T* out) {
+  constexpr int64_t kV = D / 16;
+  __m512 o[G][kV];
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_setzero_ps();
+  for (int64_t j = 0, p = 0; p < len; ++j) {
+    const T* block = v + table[j] * block_size * slot_stride;
+    for (int64_t offset = 0; offset < block_size && p < len; ++offset, ++p) {
+      __m512 value[kV];
+      for (int64_t i = 0; i < kV; ++i) value[i] = load16(block + offset * slot_stride + 16 * i);
+      for (int64_t g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(scores[g * len + p]);
+        for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_fmadd_ps(w, value[i], o[g][i]);
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < kV; ++i) store16(out + g * D + 16 * i, o[g][i]);
+}
+
 // The G query heads of one KV head over its `len` cached positions, head_dim D: each key and
 // value row is read and widened once for all G heads, the G outputs stay in registers, and the
 // softmax is vectorised. `queries` (G, D) are float32 and already scaled; `k`/`v` point at the
@@ -147,22 +174,7 @@ void one_kv_head(const float* queries, const T* k, const T* v, const int64_t* ta
     }
   }
   for (int64_t g = 0; g < G; ++g) softmax(scores + g * len, len, top[g]);
-  __m512 o[G][kV];
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_setzero_ps();
-  for (int64_t j = 0, p = 0; p < len; ++j) {
-    const T* block = v + table[j] * block_size * slot_stride;
-    for (int64_t offset = 0; offset < block_size && p < len; ++offset, ++p) {
-      __m512 value[kV];
-      for (int64_t i = 0; i < kV; ++i) value[i] = load16(block + offset * slot_stride + 16 * i);
-      for (int64_t g = 0; g < G; ++g) {
-        const __m512 w = _mm512_set1_ps(scores[g * len + p]);
-        for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_fmadd_ps(w, value[i], o[g][i]);
-      }
-    }
-  }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kV; ++i) store16(out + g * D + 16 * i, o[g][i]);
+  value_sum<T, D, G>(scores, v, table, len, block_size, slot_stride, out);
 }
 
 #ifdef __AVX512BF16__
@@ -197,7 +209,6 @@ void one_kv_head_bf16(const c10::BFloat16* q, float scale, const c10::BFloat16* 
                       const int64_t* table, int64_t len, int64_t block_size, int64_t slot_stride, float* scores,
                       c10::BFloat16* out) {
   constexpr int64_t kPairs = D / 32;  // 512-bit vectors of 32 bfloat16 per row
-  constexpr int64_t kV = D / 16;
   __m512bh query[G][kPairs];
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < kPairs; ++i) query[g][i] = (__m512bh)_mm512_loadu_si512(q + g * D + 32 * i);
@@ -228,22 +239,7 @@ void one_kv_head_bf16(const c10::BFloat16* q, float scale, const c10::BFloat16* 
     }
   }
   for (int64_t g = 0; g < G; ++g) softmax(scores + g * len, len, _mm512_reduce_max_ps(top[g]));
-  __m512 o[G][kV];
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_setzero_ps();
-  for (int64_t j = 0, p = 0; p < len; ++j) {
-    const c10::BFloat16* block = v + table[j] * block_size * slot_stride;
-    for (int64_t offset = 0; offset < block_size && p < len; ++offset, ++p) {
-      __m512 value[kV];
-      for (int64_t i = 0; i < kV; ++i) value[i] = load16(block + offset * slot_stride + 16 * i);
-      for (int64_t g = 0; g < G; ++g) {
-        const __m512 w = _mm512_set1_ps(scores[g * len + p]);
-        for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_fmadd_ps(w, value[i], o[g][i]);
-      }
-    }
-  }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kV; ++i) store16(out + g * D + 16 * i, o[g][i]);
+  value_sum<c10::BFloat16, D, G>(scores, v, table, len, block_size, slot_stride, out);
 }
 
 using Bf16KvHeadFn = void (*)(const c10::BFloat16*, float, const c10::BFloat16*, const c10::BFloat16*,
