@@ -18,9 +18,11 @@
 // registers and the softmax's exp is vectorised: 0.35-0.6x the time of the general loop below
 // (which widens a row once per query head and accumulates through memory) on the default
 // model's shapes, 16 sequences of 150 or 700 positions (docs/benchmarks.md). A bfloat16 cache on
-// a CPU with avx512_bf16 takes `one_kv_head_bf16`: scores by vdpbf16ps on the raw bfloat16 pairs,
-// 16 positions at a time (0.80x the time of one_kv_head's bfloat16 instance at 64 sequences of
-// 32-384 positions, 0.238 vs 0.297 ms a layer).
+// a CPU with avx512_bf16 takes `kv_heads_bf16`: all KV heads of a work item in one pass over its
+// rows, scores by vdpbf16ps on the raw bfloat16 pairs 16 positions at a time (0.80x the time of
+// one_kv_head's bfloat16 instance at 64 sequences of 32-384 positions, 0.238 vs 0.297 ms a layer
+// with the cache in L3), and the rows ahead asked into L2 (`RowStream`), which is what counts
+// when the cache comes from memory, as in a real step.
 
 #include <torch/extension.h>
 
@@ -122,8 +124,8 @@ inline void softmax(float* s, int64_t len, float top) {
 // out[g] = sum over the `len` positions p of scores[g * len + p] * V[p], for the G query heads of
 // one KV head (softmax weights in `scores`, float32): each value row is widened once for all G
 // heads and the G outputs stay in registers. `v` points at the KV head's D elements of position 0
-// of block table[0]. Shared by one_kv_head and one_kv_head_bf16; always inlined: as an outlined
-// call the bfloat16 kernel took 0.292 instead of 0.237 ms a layer (64 sequences, same process).
+// of block table[0]. Always inlined: as an outlined call, inside the first bfloat16 kernel, it
+// took 0.292 instead of 0.237 ms a layer (64 sequences, same process).
 template <typename T, int64_t D, int64_t G>
 __attribute__((always_inline)) inline void value_sum(const float* scores, const T* v, const int64_t* table,
                                                      int64_t len, int64_t block_size, int64_t slot_stride, T* out) {
@@ -198,72 +200,137 @@ inline __m512 sum_lanes16(const __m512 a[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
-// one_kv_head for a bfloat16 cache on a CPU with avx512_bf16: the scores of 16 positions at a
-// time by vdpbf16ps straight on the query's and the keys' bfloat16 pairs (no widening; products
-// exact in float32, then scaled), their 16 lane sums by one shuffle tree. The softmax and the
-// value sum are the float32 ones of one_kv_head (a vdpbf16ps value sum over pairs of positions,
-// weights rounded to bfloat16, measured no faster there and 1.5x the error: it is memory-bound).
-// `q` (G, D) is the raw (unscaled) query.
-template <int64_t D, int64_t G>
-void one_kv_head_bf16(const c10::BFloat16* q, float scale, const c10::BFloat16* k, const c10::BFloat16* v,
-                      const int64_t* table, int64_t len, int64_t block_size, int64_t slot_stride, float* scores,
-                      c10::BFloat16* out) {
-  constexpr int64_t kPairs = D / 32;  // 512-bit vectors of 32 bfloat16 per row
-  __m512bh query[G][kPairs];
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kPairs; ++i) query[g][i] = (__m512bh)_mm512_loadu_si512(q + g * D + 32 * i);
-  const __m512 scaling = _mm512_set1_ps(scale);
-  __m512 top[G];
-  for (int64_t g = 0; g < G; ++g) top[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const c10::BFloat16* rows[16];
-  for (int64_t p0 = 0; p0 < len; p0 += 16) {
-    const int64_t count = std::min<int64_t>(16, len - p0);
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t p = p0 + i;
-      rows[i] = k + (table[p / block_size] * block_size + p % block_size) * slot_stride;
-    }
-    const __mmask16 valid = count == 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
-    for (int64_t g = 0; g < G; ++g) {
-      __m512 acc[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        acc[i] = _mm512_setzero_ps();
-        if (i < count) {
-          for (int64_t j = 0; j < kPairs; ++j) {
-            acc[i] = _mm512_dpbf16_ps(acc[i], query[g][j], (__m512bh)_mm512_loadu_si512(rows[i] + 32 * j));
-          }
-        }
-      }
-      const __m512 s = _mm512_mul_ps(sum_lanes16(acc), scaling);
-      _mm512_mask_storeu_ps(scores + g * len + p0, valid, s);
-      top[g] = _mm512_mask_max_ps(top[g], valid, top[g], s);
+// The rows of one sequence's cache that the bfloat16 kernel reads, as a stream of 16-position
+// chunks: its K chunks, then its V chunks, then the next work item's K chunks. Chunk u + kAhead is
+// asked into L2 while chunk u is computed: a decode step reads every layer's cache once (~270 MB
+// at 64 sequences of ~190 positions), and without it each block's first lines arrived only when
+// asked for, so reading and computing took turns (30 layers, 64 such sequences, one thread: 39.5
+// -> 21-24 ms; two threads 22 -> 11.7 ms).
+struct RowStream {
+  const c10::BFloat16 *k, *v;
+  const int64_t* table;
+  int64_t len;
+  const int64_t* next_table;  // the next item this thread takes (null: none)
+  int64_t next_len;
+  int64_t block_size, slot_stride, bytes;  // bytes: of each row, from the item's first KV head
+
+  static constexpr int64_t kAhead = 2;
+
+  static int64_t chunks(int64_t positions) { return (positions + 15) / 16; }
+
+  void prefetch(int64_t u) const {
+    const int64_t n = chunks(len);
+    const c10::BFloat16* base = u < 2 * n ? (u < n ? k : v) : k;
+    const int64_t* t = u < 2 * n ? table : next_table;
+    const int64_t positions = u < 2 * n ? len : next_len;
+    const int64_t p0 = 16 * (u < 2 * n ? u % n : u - 2 * n);
+    if (t == nullptr || p0 >= positions) return;
+    for (int64_t p = p0; p < std::min(p0 + 16, positions); ++p) {
+      turnout_simd::prefetch_l2(base + (t[p / block_size] * block_size + p % block_size) * slot_stride, bytes);
     }
   }
-  for (int64_t g = 0; g < G; ++g) softmax(scores + g * len, len, _mm512_reduce_max_ps(top[g]));
-  value_sum<c10::BFloat16, D, G>(scores, v, table, len, block_size, slot_stride, out);
+};
+
+// The G query heads of each KV head in [h0, h1) of one sequence, for a bfloat16 cache on a CPU with
+// avx512_bf16. Each 16-position chunk is read once for all those KV heads (one position's row of
+// them is contiguous), while `stream` asks for the chunks ahead. Scores: vdpbf16ps straight on the
+// query's and the keys' bfloat16 pairs (no widening; products exact in float32, then scaled), the
+// 16 lane sums of a chunk by one shuffle tree. Softmax and the value sum in float32 (a vdpbf16ps
+// value sum, weights rounded to bfloat16, measured no faster and had 1.5x the error); the value
+// sum's G x D/16 accumulators of a KV head live in `acc` between chunks.
+// q: the item's raw (unscaled) query heads, (h1 - h0) * G rows of D; k / v: the caches at KV head
+// h0 of position 0; scores: room for (h1 - h0) * G * len; top: (h1 - h0) * G; acc: (h1 - h0) * G * D;
+// out like q.
+template <int64_t D, int64_t G>
+void kv_heads_bf16(const c10::BFloat16* q, float scale, const c10::BFloat16* k, const c10::BFloat16* v,
+                   int64_t heads, const RowStream& stream, float* scores, float* top, float* acc, c10::BFloat16* out) {
+  constexpr int64_t kPairs = D / 32, kV = D / 16;  // 512-bit vectors of bfloat16 pairs / of float32 per row
+  const int64_t len = stream.len, block_size = stream.block_size, slot_stride = stream.slot_stride;
+  const int64_t* table = stream.table;
+  const int64_t chunks = RowStream::chunks(len), query_heads = heads * G;
+  const __m512 scaling = _mm512_set1_ps(scale);
+  for (int64_t u = 0; u < RowStream::kAhead; ++u) stream.prefetch(u);
+  for (int64_t i = 0; i < query_heads; ++i) top[i] = -std::numeric_limits<float>::infinity();
+  const c10::BFloat16* rows[16];
+  auto chunk_rows = [&](const c10::BFloat16* base, int64_t p0, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t p = p0 + i;
+      rows[i] = base + (table[p / block_size] * block_size + p % block_size) * slot_stride;
+    }
+  };
+  for (int64_t c = 0; c < chunks; ++c) {
+    stream.prefetch(c + RowStream::kAhead);
+    const int64_t p0 = 16 * c, count = std::min<int64_t>(16, len - p0);
+    const __mmask16 valid = count == 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
+    chunk_rows(k, p0, count);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t qh = h * G + g;
+        __m512bh query[kPairs];
+        for (int64_t j = 0; j < kPairs; ++j) query[j] = (__m512bh)_mm512_loadu_si512(q + qh * D + 32 * j);
+        __m512 dots[16];
+        for (int64_t i = 0; i < 16; ++i) {
+          dots[i] = _mm512_setzero_ps();
+          if (i < count) {
+            for (int64_t j = 0; j < kPairs; ++j) {
+              dots[i] = _mm512_dpbf16_ps(dots[i], query[j], (__m512bh)_mm512_loadu_si512(rows[i] + h * D + 32 * j));
+            }
+          }
+        }
+        const __m512 s = _mm512_mul_ps(sum_lanes16(dots), scaling);
+        _mm512_mask_storeu_ps(scores + qh * len + p0, valid, s);
+        top[qh] = std::max(top[qh], _mm512_mask_reduce_max_ps(valid, s));
+      }
+    }
+  }
+  for (int64_t qh = 0; qh < query_heads; ++qh) softmax(scores + qh * len, len, top[qh]);
+  std::fill(acc, acc + query_heads * D, 0.f);
+  for (int64_t c = 0; c < chunks; ++c) {
+    stream.prefetch(chunks + c + RowStream::kAhead);
+    const int64_t p0 = 16 * c, count = std::min<int64_t>(16, len - p0);
+    chunk_rows(v, p0, count);
+    for (int64_t h = 0; h < heads; ++h) {
+      __m512 o[G][kV];
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_loadu_ps(acc + (h * G + g) * D + 16 * i);
+      for (int64_t r = 0; r < count; ++r) {
+        __m512 value[kV];
+        for (int64_t i = 0; i < kV; ++i) value[i] = load16(rows[r] + h * D + 16 * i);
+        for (int64_t g = 0; g < G; ++g) {
+          const __m512 w = _mm512_set1_ps(scores[(h * G + g) * len + p0 + r]);
+          for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_fmadd_ps(w, value[i], o[g][i]);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < kV; ++i) _mm512_storeu_ps(acc + (h * G + g) * D + 16 * i, o[g][i]);
+    }
+  }
+  for (int64_t qh = 0; qh < query_heads; ++qh)
+    for (int64_t i = 0; i < kV; ++i) store16(out + qh * D + 16 * i, _mm512_loadu_ps(acc + qh * D + 16 * i));
 }
 
-using Bf16KvHeadFn = void (*)(const c10::BFloat16*, float, const c10::BFloat16*, const c10::BFloat16*,
-                              const int64_t*, int64_t, int64_t, int64_t, float*, c10::BFloat16*);
+using Bf16KvHeadFn = void (*)(const c10::BFloat16*, float, const c10::BFloat16*, const c10::BFloat16*, int64_t,
+                              const RowStream&, float*, float*, float*, c10::BFloat16*);
 
 inline Bf16KvHeadFn bf16_kv_head_kernel(int64_t head_dim, int64_t group) {
   if (head_dim == 64) {
     switch (group) {
-      case 1: return one_kv_head_bf16<64, 1>;
-      case 2: return one_kv_head_bf16<64, 2>;
-      case 3: return one_kv_head_bf16<64, 3>;
-      case 4: return one_kv_head_bf16<64, 4>;
-      case 5: return one_kv_head_bf16<64, 5>;
-      case 6: return one_kv_head_bf16<64, 6>;
-      case 7: return one_kv_head_bf16<64, 7>;
-      case 8: return one_kv_head_bf16<64, 8>;
+      case 1: return kv_heads_bf16<64, 1>;
+      case 2: return kv_heads_bf16<64, 2>;
+      case 3: return kv_heads_bf16<64, 3>;
+      case 4: return kv_heads_bf16<64, 4>;
+      case 5: return kv_heads_bf16<64, 5>;
+      case 6: return kv_heads_bf16<64, 6>;
+      case 7: return kv_heads_bf16<64, 7>;
+      case 8: return kv_heads_bf16<64, 8>;
     }
   }
   if (head_dim == 128) {
     switch (group) {
-      case 1: return one_kv_head_bf16<128, 1>;
-      case 2: return one_kv_head_bf16<128, 2>;
-      case 3: return one_kv_head_bf16<128, 3>;
-      case 4: return one_kv_head_bf16<128, 4>;
+      case 1: return kv_heads_bf16<128, 1>;
+      case 2: return kv_heads_bf16<128, 2>;
+      case 3: return kv_heads_bf16<128, 3>;
+      case 4: return kv_heads_bf16<128, 4>;
     }
   }
   return nullptr;
@@ -353,12 +420,23 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 #ifdef __AVX512BF16__
       if constexpr (std::is_same_v<T, c10::BFloat16>) {
         if (fast_bf16 != nullptr) {
-          scores.resize(group * len);
-          for (int64_t h = h0; h < h1; ++h) {
-            fast_bf16(q_data + b * q_stride + h * group * head_dim, fscale, k_data + h * head_dim,
-                      v_data + h * head_dim, table, len, block_size, slot_stride, scores.data(),
-                      out_data + b * out_stride + h * group * head_dim);
-          }
+          scores.resize(heads * len);
+          top.resize(heads);
+          acc.resize(heads * head_dim);
+          // The item this thread takes next, whose first chunks are asked for while this one ends.
+          const int64_t next = k + slots < items ? order[k + slots] : -1;
+          const RowStream stream{k_data + h0 * head_dim,
+                                 v_data + h0 * head_dim,
+                                 table,
+                                 len,
+                                 next < 0 || next % chunks != c ? nullptr : tables + (next / chunks) * table_stride,
+                                 next < 0 ? 0 : lens[next / chunks],
+                                 block_size,
+                                 slot_stride,
+                                 (h1 - h0) * head_dim * static_cast<int64_t>(sizeof(T))};
+          fast_bf16(q_data + b * q_stride + h0 * group * head_dim, fscale, k_data + h0 * head_dim,
+                    v_data + h0 * head_dim, h1 - h0, stream, scores.data(), top.data(), acc.data(),
+                    out_data + b * out_stride + h0 * group * head_dim);
           continue;
         }
       }
