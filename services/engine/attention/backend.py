@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from services.engine import huge_pages
+
 if TYPE_CHECKING:
     from services.engine.attention.context import ForwardContext
 
@@ -43,8 +45,8 @@ class KVCache:
         device: torch.device,
     ) -> None:
         shape = (num_blocks + self.NUM_EXTRA_BLOCKS, block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [_pool(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [_pool(shape, dtype, device) for _ in range(num_layers)]
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.null_block = num_blocks
@@ -60,6 +62,14 @@ class KVCache:
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         element = torch.tensor([], dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+def _pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One layer's zeroed K or V pool; on the CPU in huge pages (services/engine/huge_pages.py), since
+    every decode step reads each sequence's blocks of every layer."""
+    if device.type == "cpu":
+        return huge_pages.zeros(shape, dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 class AttentionBackend(ABC):

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.engine import huge_pages
 from services.engine.kernels import triton_runs_on
 
 if TYPE_CHECKING:
@@ -304,7 +305,9 @@ def pack_linears(model: nn.Module, kernels: ModuleType | None = None) -> int:
             weight = module.weight if isinstance(module, Linear) else module.head_weight
             plain = weight.detach()
             if kernels is not None and _kernel_packable(weight, dtypes):
-                module.cpu_weight = CpuWeight(plain, kernels.pack_linear(plain), kernels.packed_linear)
+                # In huge pages: a decode step streams every packed weight once (services/engine/huge_pages.py).
+                packed = huge_pages.copy_of(kernels.pack_linear(plain))
+                module.cpu_weight = CpuWeight(plain, packed, kernels.packed_linear)
                 count += 1
             elif _packable(weight):
                 module.cpu_weight = CpuWeight(plain, pack_weight(weight), None)
