@@ -13,16 +13,14 @@
 // threads. Scores, softmax and sums are float32 whatever the cache dtype (float32 or bfloat16),
 // as SDPA's CPU kernel computes them.
 //
-// With AVX-512 and head_dim 64 or 128 (G <= 8 / 4), `one_kv_head` takes each KV head in turn:
-// every key and value row is widened once for its G query heads, the G outputs stay in
-// registers and the softmax's exp is vectorised: 0.35-0.6x the time of the general loop below
-// (which widens a row once per query head and accumulates through memory) on the default
-// model's shapes, 16 sequences of 150 or 700 positions (docs/benchmarks.md). A bfloat16 cache on
-// a CPU with avx512_bf16 takes `kv_heads_bf16`: all KV heads of a work item in one pass over its
-// rows, scores by vdpbf16ps on the raw bfloat16 pairs 16 positions at a time (0.80x the time of
-// one_kv_head's bfloat16 instance at 64 sequences of 32-384 positions, 0.238 vs 0.297 ms a layer
-// with the cache in L3), and the rows ahead asked into L2 (`RowStream`), which is what counts
-// when the cache comes from memory, as in a real step.
+// With AVX-512 and head_dim 64 or 128 (G <= 8 / 4), `kv_heads` takes all KV heads of a work item
+// in one pass over each 16-position chunk of its rows: each key and value row is read once for its
+// G query heads, scores 16 positions at a time (vdpbf16ps on a bfloat16 cache where the CPU has
+// avx512_bf16), the softmax's exp vectorised, and the rows ahead asked into L2 (`RowStream`),
+// which is what counts when the cache comes from memory, as in a real step. Its first form (one
+// KV head at a time, no prefetch) took 0.35-0.6x the time of the general loop below (which widens
+// a row once per query head and accumulates through memory) on the default model's shapes,
+// 16 sequences of 150 or 700 positions; docs/benchmarks.md has each step since.
 
 #include <torch/extension.h>
 
@@ -121,65 +119,6 @@ inline void softmax(float* s, int64_t len, float top) {
   }
 }
 
-// out[g] = sum over the `len` positions p of scores[g * len + p] * V[p], for the G query heads of
-// one KV head (softmax weights in `scores`, float32): each value row is widened once for all G
-// heads and the G outputs stay in registers. `v` points at the KV head's D elements of position 0
-// of block table[0]. Always inlined: as an outlined call, inside the first bfloat16 kernel, it
-// took 0.292 instead of 0.237 ms a layer (64 sequences, same process).
-template <typename T, int64_t D, int64_t G>
-__attribute__((always_inline)) inline void value_sum(const float* scores, const T* v, const int64_t* table,
-                                                     int64_t len, int64_t block_size, int64_t slot_stride, T* out) {
-  constexpr int64_t kV = D / 16;
-  __m512 o[G][kV];
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_setzero_ps();
-  for (int64_t j = 0, p = 0; p < len; ++j) {
-    const T* block = v + table[j] * block_size * slot_stride;
-    for (int64_t offset = 0; offset < block_size && p < len; ++offset, ++p) {
-      __m512 value[kV];
-      for (int64_t i = 0; i < kV; ++i) value[i] = load16(block + offset * slot_stride + 16 * i);
-      for (int64_t g = 0; g < G; ++g) {
-        const __m512 w = _mm512_set1_ps(scores[g * len + p]);
-        for (int64_t i = 0; i < kV; ++i) o[g][i] = _mm512_fmadd_ps(w, value[i], o[g][i]);
-      }
-    }
-  }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kV; ++i) store16(out + g * D + 16 * i, o[g][i]);
-}
-
-// The G query heads of one KV head over its `len` cached positions, head_dim D: each key and
-// value row is read and widened once for all G heads, the G outputs stay in registers, and the
-// softmax is vectorised. `queries` (G, D) are float32 and already scaled; `k`/`v` point at the
-// KV head's D elements of position 0 of block table[0]; `scores` has room for G * len.
-template <typename T, int64_t D, int64_t G>
-void one_kv_head(const float* queries, const T* k, const T* v, const int64_t* table, int64_t len,
-                 int64_t block_size, int64_t slot_stride, float* scores, T* out) {
-  constexpr int64_t kV = D / 16;
-  __m512 q[G][kV];
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < kV; ++i) q[g][i] = _mm512_loadu_ps(queries + g * D + 16 * i);
-  float top[G];
-  for (int64_t g = 0; g < G; ++g) top[g] = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0, p = 0; p < len; ++j) {
-    const T* block = k + table[j] * block_size * slot_stride;
-    for (int64_t offset = 0; offset < block_size && p < len; ++offset, ++p) {
-      __m512 key[kV];
-      for (int64_t i = 0; i < kV; ++i) key[i] = load16(block + offset * slot_stride + 16 * i);
-      for (int64_t g = 0; g < G; ++g) {
-        __m512 acc = _mm512_mul_ps(q[g][0], key[0]);
-        for (int64_t i = 1; i < kV; ++i) acc = _mm512_fmadd_ps(q[g][i], key[i], acc);
-        const float score = _mm512_reduce_add_ps(acc);
-        scores[g * len + p] = score;
-        top[g] = std::max(top[g], score);
-      }
-    }
-  }
-  for (int64_t g = 0; g < G; ++g) softmax(scores + g * len, len, top[g]);
-  value_sum<T, D, G>(scores, v, table, len, block_size, slot_stride, out);
-}
-
-#ifdef __AVX512BF16__
 // Lane i of the result: the sum of the 16 lanes of a[i]. A tree of in-register shuffles and adds,
 // ~45 instructions for the 16 sums where one _mm512_reduce_add_ps each costs ~8.
 inline __m512 sum_lanes16(const __m512 a[16]) {
@@ -200,19 +139,20 @@ inline __m512 sum_lanes16(const __m512 a[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
-// The rows of one sequence's cache that the bfloat16 kernel reads, as a stream of 16-position
-// chunks: its K chunks, then its V chunks, then the next work item's K chunks. Chunk u + kAhead is
-// asked into L2 while chunk u is computed: a decode step reads every layer's cache once (~270 MB
-// at 64 sequences of ~190 positions), and without it each block's first lines arrived only when
-// asked for, so reading and computing took turns (30 layers, 64 such sequences, one thread: 39.5
-// -> 21-24 ms; two threads 22 -> 11.7 ms).
+// The rows of one sequence's cache that kv_heads reads, as a stream of 16-position chunks: its K
+// chunks, then its V chunks, then the next work item's K chunks. Chunk u + kAhead is asked into
+// L2 while chunk u is computed: a decode step reads every layer's cache once (~270 MB in
+// bfloat16 at 64 sequences of ~190 positions), and without it each block's first lines arrived
+// only when asked for, so reading and computing took turns (bfloat16, 30 layers, 64 such
+// sequences, caches from memory: one thread 39.5 -> 21-24 ms, two threads 22.0 -> 11.7 ms).
+template <typename T>
 struct RowStream {
-  const c10::BFloat16 *k, *v;
+  const T *k, *v;  // the caches at the item's first KV head, position 0 of block 0
   const int64_t* table;
   int64_t len;
-  const int64_t* next_table;  // the next item this thread takes (null: none)
+  const int64_t* next_table;  // the next item this thread takes, over the same KV heads (null: none)
   int64_t next_len;
-  int64_t block_size, slot_stride, bytes;  // bytes: of each row, from the item's first KV head
+  int64_t block_size, slot_stride, bytes;  // bytes: of each row, the item's KV heads
 
   static constexpr int64_t kAhead = 2;
 
@@ -220,10 +160,11 @@ struct RowStream {
 
   void prefetch(int64_t u) const {
     const int64_t n = chunks(len);
-    const c10::BFloat16* base = u < 2 * n ? (u < n ? k : v) : k;
-    const int64_t* t = u < 2 * n ? table : next_table;
-    const int64_t positions = u < 2 * n ? len : next_len;
-    const int64_t p0 = 16 * (u < 2 * n ? u % n : u - 2 * n);
+    const bool own = u < 2 * n;
+    const T* base = own && u >= n ? v : k;
+    const int64_t* t = own ? table : next_table;
+    const int64_t positions = own ? len : next_len;
+    const int64_t p0 = 16 * (own ? u % n : u - 2 * n);
     if (t == nullptr || p0 >= positions) return;
     for (int64_t p = p0; p < std::min(p0 + 16, positions); ++p) {
       turnout_simd::prefetch_l2(base + (t[p / block_size] * block_size + p % block_size) * slot_stride, bytes);
@@ -231,52 +172,71 @@ struct RowStream {
   }
 };
 
-// The G query heads of each KV head in [h0, h1) of one sequence, for a bfloat16 cache on a CPU with
-// avx512_bf16. Each 16-position chunk is read once for all those KV heads (one position's row of
-// them is contiguous), while `stream` asks for the chunks ahead. Scores: vdpbf16ps straight on the
-// query's and the keys' bfloat16 pairs (no widening; products exact in float32, then scaled), the
-// 16 lane sums of a chunk by one shuffle tree. Softmax and the value sum in float32 (a vdpbf16ps
-// value sum, weights rounded to bfloat16, measured no faster and had 1.5x the error); the value
-// sum's G x D/16 accumulators of a KV head live in `acc` between chunks.
-// q: the item's raw (unscaled) query heads, (h1 - h0) * G rows of D; k / v: the caches at KV head
-// h0 of position 0; scores: room for (h1 - h0) * G * len; top: (h1 - h0) * G; acc: (h1 - h0) * G * D;
-// out like q.
-template <int64_t D, int64_t G>
-void kv_heads_bf16(const c10::BFloat16* q, float scale, const c10::BFloat16* k, const c10::BFloat16* v,
-                   int64_t heads, const RowStream& stream, float* scores, float* top, float* acc, c10::BFloat16* out) {
-  constexpr int64_t kPairs = D / 32, kV = D / 16;  // 512-bit vectors of bfloat16 pairs / of float32 per row
+// dots[i] (16 lanes, summed later) of query head `query` (D elements) with rows[i] + offset, i < count.
+template <typename T, int64_t D>
+inline void dot_rows(const T* query, const T* const rows[16], int64_t offset, int64_t count, __m512 dots[16]) {
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // vdpbf16ps straight on the bfloat16 pairs: no widening; products exact in float32.
+    __m512bh q[D / 32];
+    for (int64_t j = 0; j < D / 32; ++j) q[j] = (__m512bh)_mm512_loadu_si512(query + 32 * j);
+    for (int64_t i = 0; i < 16; ++i) {
+      dots[i] = _mm512_setzero_ps();
+      if (i < count) {
+        for (int64_t j = 0; j < D / 32; ++j) {
+          dots[i] = _mm512_dpbf16_ps(dots[i], q[j], (__m512bh)_mm512_loadu_si512(rows[i] + offset + 32 * j));
+        }
+      }
+    }
+    return;
+  }
+#endif
+  __m512 q[D / 16];
+  for (int64_t j = 0; j < D / 16; ++j) q[j] = load16(query + 16 * j);
+  for (int64_t i = 0; i < 16; ++i) {
+    dots[i] = _mm512_setzero_ps();
+    if (i < count) {
+      for (int64_t j = 0; j < D / 16; ++j) dots[i] = _mm512_fmadd_ps(q[j], load16(rows[i] + offset + 16 * j), dots[i]);
+    }
+  }
+}
+
+// The G query heads of each of `heads` KV heads of one sequence (head_dim D), with AVX-512. Each
+// 16-position chunk is read once for all those KV heads (a position's row of them is contiguous)
+// while `stream` asks for the chunks ahead. Scores: 16 positions at a time (dot_rows: vdpbf16ps on
+// a bfloat16 cache where the CPU has avx512_bf16, else rows widened to float32), their 16 lane sums
+// by one shuffle tree, then scaled. Softmax and the value sum in float32, each value row widened
+// once for its G query heads (a vdpbf16ps value sum, weights rounded to bfloat16, measured no
+// faster and had 1.5x the error); a KV head's G x D/16 sums live in `acc` between chunks.
+// q: the raw (unscaled) query heads of the item, heads * G rows of D; scores: room for
+// heads * G * len; top: heads * G; acc: heads * G * D; out like q.
+template <typename T, int64_t D, int64_t G>
+void kv_heads(const T* q, float scale, int64_t heads, const RowStream<T>& stream, float* scores, float* top,
+              float* acc, T* out) {
+  constexpr int64_t kV = D / 16;  // float32 vectors per row
   const int64_t len = stream.len, block_size = stream.block_size, slot_stride = stream.slot_stride;
   const int64_t* table = stream.table;
-  const int64_t chunks = RowStream::chunks(len), query_heads = heads * G;
+  const int64_t chunks = RowStream<T>::chunks(len), query_heads = heads * G;
   const __m512 scaling = _mm512_set1_ps(scale);
-  for (int64_t u = 0; u < RowStream::kAhead; ++u) stream.prefetch(u);
+  for (int64_t u = 0; u < RowStream<T>::kAhead; ++u) stream.prefetch(u);
   for (int64_t i = 0; i < query_heads; ++i) top[i] = -std::numeric_limits<float>::infinity();
-  const c10::BFloat16* rows[16];
-  auto chunk_rows = [&](const c10::BFloat16* base, int64_t p0, int64_t count) {
+  const T* rows[16];
+  auto chunk_rows = [&](const T* base, int64_t p0, int64_t count) {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t p = p0 + i;
       rows[i] = base + (table[p / block_size] * block_size + p % block_size) * slot_stride;
     }
   };
   for (int64_t c = 0; c < chunks; ++c) {
-    stream.prefetch(c + RowStream::kAhead);
+    stream.prefetch(c + RowStream<T>::kAhead);
     const int64_t p0 = 16 * c, count = std::min<int64_t>(16, len - p0);
     const __mmask16 valid = count == 16 ? 0xffff : static_cast<__mmask16>((1u << count) - 1);
-    chunk_rows(k, p0, count);
+    chunk_rows(stream.k, p0, count);
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t qh = h * G + g;
-        __m512bh query[kPairs];
-        for (int64_t j = 0; j < kPairs; ++j) query[j] = (__m512bh)_mm512_loadu_si512(q + qh * D + 32 * j);
         __m512 dots[16];
-        for (int64_t i = 0; i < 16; ++i) {
-          dots[i] = _mm512_setzero_ps();
-          if (i < count) {
-            for (int64_t j = 0; j < kPairs; ++j) {
-              dots[i] = _mm512_dpbf16_ps(dots[i], query[j], (__m512bh)_mm512_loadu_si512(rows[i] + h * D + 32 * j));
-            }
-          }
-        }
+        dot_rows<T, D>(q + qh * D, rows, h * D, count, dots);
         const __m512 s = _mm512_mul_ps(sum_lanes16(dots), scaling);
         _mm512_mask_storeu_ps(scores + qh * len + p0, valid, s);
         top[qh] = std::max(top[qh], _mm512_mask_reduce_max_ps(valid, s));
@@ -286,9 +246,9 @@ void kv_heads_bf16(const c10::BFloat16* q, float scale, const c10::BFloat16* k, 
   for (int64_t qh = 0; qh < query_heads; ++qh) softmax(scores + qh * len, len, top[qh]);
   std::fill(acc, acc + query_heads * D, 0.f);
   for (int64_t c = 0; c < chunks; ++c) {
-    stream.prefetch(chunks + c + RowStream::kAhead);
+    stream.prefetch(chunks + c + RowStream<T>::kAhead);
     const int64_t p0 = 16 * c, count = std::min<int64_t>(16, len - p0);
-    chunk_rows(v, p0, count);
+    chunk_rows(stream.v, p0, count);
     for (int64_t h = 0; h < heads; ++h) {
       __m512 o[G][kV];
       for (int64_t g = 0; g < G; ++g)
@@ -309,58 +269,30 @@ void kv_heads_bf16(const c10::BFloat16* q, float scale, const c10::BFloat16* k, 
     for (int64_t i = 0; i < kV; ++i) store16(out + qh * D + 16 * i, _mm512_loadu_ps(acc + qh * D + 16 * i));
 }
 
-using Bf16KvHeadFn = void (*)(const c10::BFloat16*, float, const c10::BFloat16*, const c10::BFloat16*, int64_t,
-                              const RowStream&, float*, float*, float*, c10::BFloat16*);
+// The fast path's (D, G) instances: D/16 x G value sums must fit the registers.
+template <typename T>
+using KvHeadsFn = void (*)(const T*, float, int64_t, const RowStream<T>&, float*, float*, float*, T*);
 
-inline Bf16KvHeadFn bf16_kv_head_kernel(int64_t head_dim, int64_t group) {
+template <typename T>
+KvHeadsFn<T> kv_heads_kernel(int64_t head_dim, int64_t group) {
   if (head_dim == 64) {
     switch (group) {
-      case 1: return kv_heads_bf16<64, 1>;
-      case 2: return kv_heads_bf16<64, 2>;
-      case 3: return kv_heads_bf16<64, 3>;
-      case 4: return kv_heads_bf16<64, 4>;
-      case 5: return kv_heads_bf16<64, 5>;
-      case 6: return kv_heads_bf16<64, 6>;
-      case 7: return kv_heads_bf16<64, 7>;
-      case 8: return kv_heads_bf16<64, 8>;
+      case 1: return kv_heads<T, 64, 1>;
+      case 2: return kv_heads<T, 64, 2>;
+      case 3: return kv_heads<T, 64, 3>;
+      case 4: return kv_heads<T, 64, 4>;
+      case 5: return kv_heads<T, 64, 5>;
+      case 6: return kv_heads<T, 64, 6>;
+      case 7: return kv_heads<T, 64, 7>;
+      case 8: return kv_heads<T, 64, 8>;
     }
   }
   if (head_dim == 128) {
     switch (group) {
-      case 1: return kv_heads_bf16<128, 1>;
-      case 2: return kv_heads_bf16<128, 2>;
-      case 3: return kv_heads_bf16<128, 3>;
-      case 4: return kv_heads_bf16<128, 4>;
-    }
-  }
-  return nullptr;
-}
-#endif
-
-// The fast path's (D, G) instances: D/16 x G output vectors must fit the registers.
-template <typename T>
-using KvHeadFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float*, T*);
-
-template <typename T>
-KvHeadFn<T> kv_head_kernel(int64_t head_dim, int64_t group) {
-  if (head_dim == 64) {
-    switch (group) {
-      case 1: return one_kv_head<T, 64, 1>;
-      case 2: return one_kv_head<T, 64, 2>;
-      case 3: return one_kv_head<T, 64, 3>;
-      case 4: return one_kv_head<T, 64, 4>;
-      case 5: return one_kv_head<T, 64, 5>;
-      case 6: return one_kv_head<T, 64, 6>;
-      case 7: return one_kv_head<T, 64, 7>;
-      case 8: return one_kv_head<T, 64, 8>;
-    }
-  }
-  if (head_dim == 128) {
-    switch (group) {
-      case 1: return one_kv_head<T, 128, 1>;
-      case 2: return one_kv_head<T, 128, 2>;
-      case 3: return one_kv_head<T, 128, 3>;
-      case 4: return one_kv_head<T, 128, 4>;
+      case 1: return kv_heads<T, 128, 1>;
+      case 2: return kv_heads<T, 128, 2>;
+      case 3: return kv_heads<T, 128, 3>;
+      case 4: return kv_heads<T, 128, 4>;
     }
   }
   return nullptr;
@@ -389,13 +321,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const int64_t chunks = batch >= threads ? 1 : std::min(num_kv_heads, (threads + batch - 1) / batch);
 
 #ifdef __AVX512F__
-  const KvHeadFn<T> fast = kv_head_kernel<T>(head_dim, group);
-#endif
-#ifdef __AVX512BF16__
-  Bf16KvHeadFn fast_bf16 = nullptr;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    fast_bf16 = bf16_kv_head_kernel(head_dim, group);
-  }
+  const KvHeadsFn<T> fast = kv_heads_kernel<T>(head_dim, group);
 #endif
   // Items differ in cost by their sequence's length, so a contiguous split of the item range can
   // leave one thread with most of the work (64 sequences of 32-256 positions: 0.62 ms a layer
@@ -417,43 +343,30 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
       const int64_t heads = (h1 - h0) * group;  // query heads of this item: h0*group .. h1*group-1
       const int64_t len = lens[b];
       const int64_t* table = tables + b * table_stride;
-#ifdef __AVX512BF16__
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        if (fast_bf16 != nullptr) {
-          scores.resize(heads * len);
-          top.resize(heads);
-          acc.resize(heads * head_dim);
-          // The item this thread takes next, whose first chunks are asked for while this one ends.
-          const int64_t next = k + slots < items ? order[k + slots] : -1;
-          const RowStream stream{k_data + h0 * head_dim,
-                                 v_data + h0 * head_dim,
-                                 table,
-                                 len,
-                                 next < 0 || next % chunks != c ? nullptr : tables + (next / chunks) * table_stride,
-                                 next < 0 ? 0 : lens[next / chunks],
-                                 block_size,
-                                 slot_stride,
-                                 (h1 - h0) * head_dim * static_cast<int64_t>(sizeof(T))};
-          fast_bf16(q_data + b * q_stride + h0 * group * head_dim, fscale, k_data + h0 * head_dim,
-                    v_data + h0 * head_dim, h1 - h0, stream, scores.data(), top.data(), acc.data(),
-                    out_data + b * out_stride + h0 * group * head_dim);
-          continue;
-        }
+#ifdef __AVX512F__
+      if (fast != nullptr) {
+        scores.resize(heads * len);
+        top.resize(heads);
+        acc.resize(heads * head_dim);
+        // The item this thread takes next, whose first chunks are asked for while this one ends.
+        const int64_t next = k + slots < items ? order[k + slots] : -1;
+        const RowStream<T> stream{k_data + h0 * head_dim,
+                                  v_data + h0 * head_dim,
+                                  table,
+                                  len,
+                                  next < 0 || next % chunks != c ? nullptr : tables + (next / chunks) * table_stride,
+                                  next < 0 ? 0 : lens[next / chunks],
+                                  block_size,
+                                  slot_stride,
+                                  (h1 - h0) * head_dim * static_cast<int64_t>(sizeof(T))};
+        fast(q_data + b * q_stride + h0 * group * head_dim, fscale, h1 - h0, stream, scores.data(), top.data(),
+             acc.data(), out_data + b * out_stride + h0 * group * head_dim);
+        continue;
       }
 #endif
       queries.resize(heads * head_dim);
       to_float(q_data + b * q_stride + h0 * group * head_dim, queries.data(), heads * head_dim);
       for (auto& x : queries) x *= fscale;
-#ifdef __AVX512F__
-      if (fast != nullptr) {
-        scores.resize(group * len);
-        for (int64_t h = h0; h < h1; ++h) {
-          fast(queries.data() + (h - h0) * group * head_dim, k_data + h * head_dim, v_data + h * head_dim, table, len,
-               block_size, slot_stride, scores.data(), out_data + b * out_stride + h * group * head_dim);
-        }
-        continue;
-      }
-#endif
       scores.resize(heads * len);
       top.assign(heads, -std::numeric_limits<float>::infinity());
       // Scores, block by block; position p = j * block_size + offset.
