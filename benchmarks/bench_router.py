@@ -260,7 +260,7 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
             measured = {p: service_ceiling.measure(targets[p], processes, args, streams, seed=k) for p in order}
             rows += [measured[p] for p in args.ceiling_paths]
         if args.profile is not None:
-            service_ceiling.profile(targets["gateway"], processes, args, args.profile)
+            service_ceiling.profile(targets[args.profile_path], processes, args, args.profile)
     finally:
         stack.stop()
     lines = service_ceiling.table(rows)
@@ -299,6 +299,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2, help="client processes the load is split among")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the services under the gateway load")
     parser.add_argument("--profile-seconds", type=int, default=10)
+    parser.add_argument(
+        "--profile-path", choices=service_ceiling.PATHS, default="gateway", help="the path whose load is profiled"
+    )
     parser.add_argument(
         "--log", type=Path, default=Path(tempfile.gettempdir()) / "turnout-bench-router.log", help="the stacks' output"
     )

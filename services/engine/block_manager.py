@@ -87,6 +87,11 @@ class BlockManager:
         """A copy of the sequence's block table ([] for a sequence without blocks)."""
         return list(self._tables.get(seq_id, ()))
 
+    def table(self, seq_id: str) -> Sequence[int]:
+        """The sequence's block table itself, not a copy (the step's batch reads every table): read it
+        before the next call that changes the sequence's blocks, and never change it."""
+        return self._tables.get(seq_id, ())
+
     def match_prefix(self, seq_id: str, token_ids: Sequence[int], salt: int | None = None) -> int:
         """Start the block table of a sequence without blocks with the longest run of cached full blocks of
         token_ids, referencing each; return the tokens they cover. At most (len-1)//block_size blocks, so at

@@ -121,36 +121,40 @@ def hidden_states_to_proto(rows: list[list[float]]) -> list[common_pb2.HiddenSta
 
 
 def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
+    """Filled in place, the lists only when not empty: most outputs are one token and nothing else, and
+    building a sub-message and its empty lists to copy them in cost twice as much as the rest."""
+    response = engine_pb2.EngineGenerateResponse()
     if output.finish is None:
-        return engine_pb2.EngineGenerateResponse(
-            chunk=engine_pb2.EngineChunk(
-                index=output.index,
-                token_ids=output.token_ids,
-                logprobs=logprobs_to_proto(output.logprobs),
-                prompt_tokens=output.prompt_tokens,
-                completion_tokens=output.completion_tokens,
-                cached_tokens=output.cached_tokens,
-                input_logprobs=logprobs_to_proto(output.input_logprobs),
-                hidden_states=hidden_states_to_proto(output.hidden_states),
-            )
-        )
-    return engine_pb2.EngineGenerateResponse(
-        complete=engine_pb2.EngineComplete(
-            index=output.index,
-            token_ids=output.token_ids,
-            logprobs=logprobs_to_proto(output.logprobs),
-            finish_reason=finish_to_proto(output.finish, output.completion_tokens),
-            usage=common_pb2.Usage(
-                prompt_tokens=output.prompt_tokens,
-                completion_tokens=output.completion_tokens,
-                cached_tokens=output.cached_tokens,
-            ),
-            input_logprobs=logprobs_to_proto(output.input_logprobs),
-            cumulative_logprob=output.cumulative_logprob,
-            embedding=output.embedding or [],
-            hidden_states=hidden_states_to_proto(output.hidden_states),
-        )
-    )
+        chunk = response.chunk
+        chunk.index = output.index
+        chunk.token_ids.extend(output.token_ids)
+        chunk.prompt_tokens = output.prompt_tokens
+        chunk.completion_tokens = output.completion_tokens
+        chunk.cached_tokens = output.cached_tokens
+        _add_lists(chunk, output)
+        return response
+    complete = response.complete
+    complete.index = output.index
+    complete.token_ids.extend(output.token_ids)
+    complete.finish_reason.CopyFrom(finish_to_proto(output.finish, output.completion_tokens))
+    usage = complete.usage
+    usage.prompt_tokens = output.prompt_tokens
+    usage.completion_tokens = output.completion_tokens
+    usage.cached_tokens = output.cached_tokens
+    complete.cumulative_logprob = output.cumulative_logprob
+    if output.embedding:
+        complete.embedding.extend(output.embedding)
+    _add_lists(complete, output)
+    return response
+
+
+def _add_lists(message: engine_pb2.EngineChunk | engine_pb2.EngineComplete, output: EngineOutput) -> None:
+    if output.logprobs:
+        message.logprobs.extend(logprobs_to_proto(output.logprobs))
+    if output.input_logprobs:
+        message.input_logprobs.extend(logprobs_to_proto(output.input_logprobs))
+    if output.hidden_states:
+        message.hidden_states.extend(hidden_states_to_proto(output.hidden_states))
 
 
 def outputs_to_proto(outputs: list[EngineOutput]) -> engine_pb2.EngineGenerateResponse:

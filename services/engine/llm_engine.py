@@ -491,7 +491,7 @@ class LLMEngine:
         return output
 
     def _emit(self, seq: Sequence, finish: Finish | None, done: bool = False) -> StepOutput:
-        new = seq.output_ids[seq.num_emitted :]
+        new = seq.token_ids[seq.num_prompt_tokens + seq.num_emitted :]  # not output_ids: that copies every output
         first_output = seq.num_emitted == 0 and seq.index == 0
         seq.num_emitted = seq.num_output_tokens
         logprobs, seq.pending_logprobs = seq.pending_logprobs, []

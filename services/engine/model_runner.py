@@ -14,6 +14,8 @@ eagerly.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 
 import torch
@@ -88,66 +90,71 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         query_start = [0]
+        query_lens: list[int] = []
         seq_lens: list[int] = []
-        tables: list[list[int]] = []
+        tables: list[Sequence_[int]] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
         prompt_rows: list[PromptLogprobRows] = []
         pooled: list[PoolRows] = []
         token_slots: list[int] = []  # the LoRA slot of every token, -1: base model
+        row = 0  # first row of the item's tokens in the flattened batch
         for item in scheduled:
-            seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
+            seq, count = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
             end = start + count
-            table = block_manager.block_table(seq.seq_id)
-            input_ids += seq.token_ids[start:end]
+            table = block_manager.table(seq.seq_id)
+            if count == 1:  # a decode: most items of most steps
+                input_ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                input_ids += seq.token_ids[start:end]
+                positions += range(start, end)
+                slots += _slots(table, start, end, bs)
             if self.lora is not None:
                 token_slots += [self.lora.slot_of(seq.seq_id)] * count
-            positions += range(start, end)
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            query_start.append(query_start[-1] + count)
+            next_row = row + count
+            query_start.append(next_row)
+            query_lens.append(count)
             seq_lens.append(end)
             tables.append(table)
-            pool = pool_rows(seq, start, end, query_start[-2])
-            if pool is not None:
-                pooled.append(pool)
-            if end == seq.num_tokens and not seq.prefill_only:
-                sample_rows.append(query_start[-1] - 1)
+            if seq.pooling is not None or seq.hidden_log is not None:
+                pool = pool_rows(seq, start, end, row)
+                if pool is not None:
+                    pooled.append(pool)
+            if end == len(seq.token_ids) and not seq.prefill_only:
+                sample_rows.append(next_row - 1)
                 sample_seqs.append(seq)
             target = seq.prompt_logprob_start
             if target is not None:
                 # Position p's logits predict token p + 1.
                 first, last = max(start, target - 1), min(end, seq.num_prompt_tokens - 1)
                 if first < last:
-                    row = query_start[-2] + first - start
-                    prompt_rows.append(PromptLogprobRows(seq, row, last - first, first + 1))
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-
-        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
-            # Pinned and non-blocking on CUDA: the copy queues behind the device's work instead of waiting
-            # for it to finish.
-            host = torch.tensor(values, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-            return host.to(self.device, non_blocking=True)
-
+                    prompt_rows.append(PromptLogprobRows(seq, row + first - start, last - first, first + 1))
+            row = next_row
+        # One host buffer and one copy to the device for every index tensor of the step.
+        (ids, pos, slot_mapping, starts, lens, sample), block_tables = _int64_on(
+            self.device, [input_ids, positions, slots, query_start, seq_lens, sample_rows], tables
+        )
         context = ForwardContext(
             backend=self.backend,
-            positions=tensor(positions),
-            slot_mapping=tensor(slots),
-            query_start_loc=tensor(query_start),
-            seq_lens=tensor(seq_lens),
-            block_tables=tensor(padded),
-            query_lens_cpu=[item.num_new_tokens for item in scheduled],
+            positions=pos,
+            slot_mapping=slot_mapping,
+            query_start_loc=starts,
+            seq_lens=lens,
+            block_tables=block_tables,
+            query_lens_cpu=query_lens,
             seq_lens_cpu=seq_lens,
             lora=LoraBatch.of(token_slots, self.device),
         )
-        ids = tensor(input_ids)  # (T,)
         if min(input_ids) < 0:
             if pending_tokens is None:
                 raise ValueError("the batch holds pending tokens (placeholders) but no pending_tokens were given")
             # placeholder(row) = -(row + 1): the token at that row of the pending step's tensor.
             rows = (-ids - 1).clamp_(min=0)  # (T,)
             ids = torch.where(ids < 0, pending_tokens[rows], ids)
-        return Batch(ids, context, tensor(sample_rows), sample_seqs, prompt_rows, pooled)
+        return Batch(ids, context, sample, sample_seqs, prompt_rows, pooled)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepLogits:
@@ -186,3 +193,48 @@ def _rows(hidden: torch.Tensor, parts: list[PromptLogprobRows] | list[PoolRows])
         return None
     rows = [r for part in parts for r in range(part.first_row, part.first_row + part.count)]
     return hidden[torch.tensor(rows, device=hidden.device)]
+
+
+def _slots(table: Sequence_[int], start: int, end: int, block_size: int) -> list[int]:
+    """The cache slots of positions start .. end-1 under the block table: block * block_size + offset,
+    one run of consecutive slots per block."""
+    slots: list[int] = []
+    while start < end:
+        index = start // block_size
+        stop = min(end, (index + 1) * block_size)
+        shift = (table[index] - index) * block_size  # slot of position p in this block: shift + p
+        slots += range(shift + start, shift + stop)
+        start = stop
+    return slots
+
+
+def _int64_on(
+    device: torch.device, parts: list[list[int]], tables: list[Sequence_[int]]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The lists as int64 tensors on the device, one (len,) tensor per part, and the block tables as one
+    (B, W) tensor padded with 0 to the longest (W), all views of one buffer copied in one go.
+
+    A Python list goes into an `array` at a few ns per int and the tensor shares its memory: torch.tensor()
+    on lists costs several times more, per call and per element (docs/benchmarks.md, issue 15). On CUDA the
+    buffer is pinned and the copy non-blocking, so it queues behind the device's work instead of waiting for
+    it. Each part starts at an even index: the views keep the 16-byte alignment kernels specialise on."""
+    flat: list[int] = []
+    starts: list[int] = []
+    for part in parts:
+        starts.append(len(flat))
+        flat += part
+        if len(flat) % 2:
+            flat.append(0)
+    width = max(map(len, tables))
+    padding = [0] * width
+    first_table = len(flat)
+    for table in tables:
+        flat += table
+        if len(table) < width:
+            flat += padding[len(table) :]
+    host = torch.frombuffer(array("q", flat), dtype=torch.int64)
+    if device.type == "cuda":
+        host = torch.empty_like(host, pin_memory=True).copy_(host)
+    values = host.to(device, non_blocking=True)
+    views = [values[start : start + len(part)] for start, part in zip(starts, parts, strict=True)]
+    return views, values[first_table : first_table + len(tables) * width].view(len(tables), width)

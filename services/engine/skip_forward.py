@@ -11,6 +11,7 @@ every hop after it (gateway, router, tokenizer), which docs/benchmarks.md measur
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence as Seq
 
 import torch
@@ -30,8 +31,8 @@ class SkipForwardRunner(ModelRunner):
 def launch_counting(seqs: Seq[Sequence], vocab_size: int, device: torch.device) -> PendingSample:
     """launch_sampling's stand-in: seqs[i]'s token is its newest one + 1; placeholders appended as there.
     Every newest token is real here (the engine collects a step before it launches the next)."""
-    ids = [(seq.token_ids[-1] + 1) % vocab_size for seq in seqs]
-    host = torch.tensor(ids, dtype=torch.int64)  # (N,)
+    ids = array("q", [(seq.token_ids[-1] + 1) % vocab_size for seq in seqs])
+    host = torch.frombuffer(ids, dtype=torch.int64) if ids else torch.empty(0, dtype=torch.int64)  # (N,)
     for row, seq in enumerate(seqs):
         seq.token_ids.append(placeholder(row))
     return PendingSample(list(seqs), host.to(device), host, [], None, None, {})
