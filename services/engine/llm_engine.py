@@ -38,6 +38,7 @@ from typing import cast
 
 import torch
 
+from services.engine import malloc_tuning
 from services.engine.attention.backend import AttentionBackend
 from services.engine.beam_search import BeamSearch
 from services.engine.block_manager import BlockManager
@@ -91,6 +92,8 @@ class LLMEngine:
     def _build(self, config: EngineConfig, loaded: LoadedModel | None) -> None:
         tp = self.ranks.tp if self.ranks is not None else None
         self.loaded = loaded or load_model(config, tp)
+        if self.loaded.device.type == "cpu":
+            malloc_tuning.tune()  # a step's large temporaries reuse freed memory (malloc_tuning.py)
         # Whether sampling draws unseeded batches in the fused kernel (--sampling-backend).
         self.fused_draw = fused_draw_for(config.sampling_backend, self.loaded.device)
         # The LoRA adapters (--enable-lora): their slots' weights are attached to the model's projections,
