@@ -134,9 +134,10 @@ class BackgroundHandler(logging.handlers.QueueHandler):
     writes what is queued and stops the thread."""
 
     def __init__(self, target: logging.Handler, capacity: int = QUEUED_RECORDS) -> None:
-        super().__init__(queue.Queue(capacity))
+        self._records: queue.Queue[logging.LogRecord] = queue.Queue(capacity)
+        super().__init__(self._records)
         self.target = target
-        self._listener = logging.handlers.QueueListener(self.queue, target)
+        self._listener = logging.handlers.QueueListener(self._records, target)
         self._listener.start()
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
@@ -148,10 +149,10 @@ class BackgroundHandler(logging.handlers.QueueHandler):
         return record
 
     def enqueue(self, record: logging.LogRecord) -> None:
-        self.queue.put(record)  # blocks while the queue is full
+        self._records.put(record)  # blocks while the queue is full
 
     def flush(self) -> None:
-        self.queue.join()  # type: ignore[attr-defined]
+        self._records.join()
         self.target.flush()
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from grpc import aio
 from opentelemetry import trace
@@ -177,7 +177,7 @@ async def _responses(
     ranking: bool,
     n: int,
     best_of: int,
-) -> AsyncIterator[list[inference_pb2.GenerateResponse]]:
+) -> AsyncGenerator[list[inference_pb2.GenerateResponse], None]:
     with_texts = request.logprob_options.return_text_in_logprobs
     keep_logprobs = _asks_logprobs(request.logprob_options)
     # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
