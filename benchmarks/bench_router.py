@@ -48,11 +48,13 @@ from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 @dataclass
 class Run:
-    """One batch of streams: per-stream time to first token, tokens, and the wall time."""
+    """One batch of streams: per-stream time to first token, tokens, the wall time, and the gaps
+    between consecutive tokens of each stream (0 between tokens that arrived in one read)."""
 
     ttfts: list[float]
     tokens: int
     seconds: float
+    gaps: list[float]
 
     @property
     def throughput(self) -> float:
@@ -61,6 +63,31 @@ class Run:
     @property
     def median_ttft_ms(self) -> float:
         return statistics.median(self.ttfts) * 1000
+
+    @property
+    def median_itl_ms(self) -> float:
+        """Median inter-token latency: what a client waits between two tokens of one stream."""
+        return statistics.median(self.gaps) * 1000 if self.gaps else float("nan")
+
+
+@dataclass
+class Arrivals:
+    """When each token of one stream reached the client."""
+
+    start: float
+    times: list[float]
+
+    def add(self, tokens: int) -> None:
+        now = time.perf_counter()
+        self.times.extend([now] * tokens)
+
+    @property
+    def ttft(self) -> float:
+        return self.times[0] - self.start if self.times else 0.0
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
 
 
 class Serve:
@@ -117,11 +144,12 @@ def make_prompts(count: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(count)]
 
 
-async def gather_streams(prompts: list[list[int]], one: Callable[[list[int]], Awaitable[tuple[float, int]]]) -> Run:
+async def gather_streams(prompts: list[list[int]], one: Callable[[list[int]], Awaitable[Arrivals]]) -> Run:
     start = time.perf_counter()
     results = await asyncio.gather(*(one(p) for p in prompts))
     seconds = time.perf_counter() - start
-    return Run([r[0] for r in results], sum(r[1] for r in results), seconds)
+    tokens = sum(len(r.times) for r in results)
+    return Run([r.ttft for r in results], tokens, seconds, [g for r in results for g in r.gaps])
 
 
 async def direct(address: str, token: str, prompts: list[list[int]], output_len: int) -> Run:
@@ -129,19 +157,18 @@ async def direct(address: str, token: str, prompts: list[list[int]], output_len:
     async with client_channel(address, ClientCredentials(bearer=token)) as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
 
-        async def one(prompt: list[int]) -> tuple[float, int]:
-            start = time.perf_counter()
-            first, tokens = 0.0, 0
+        async def one(prompt: list[int]) -> Arrivals:
+            arrivals = Arrivals(time.perf_counter(), [])
             request = engine_pb2.EngineGenerateRequest(
                 request_id=os.urandom(8).hex(), input_ids=prompt, sampling_params=params
             )
             async for message in stub.Generate(request):
+                tokens = 0
                 for response in (message, *message.batch):  # steps ready together come in one message
                     part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
-                    if part.token_ids and not first:
-                        first = time.perf_counter() - start
                     tokens += len(part.token_ids)
-            return first, tokens
+                arrivals.add(tokens)
+            return arrivals
 
         return await gather_streams(prompts, one)
 
@@ -151,25 +178,28 @@ async def through_gateway(url: str, prompts: list[list[int]], output_len: int) -
     limits = httpx.Limits(max_connections=len(prompts) + 8)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
 
-        async def one(prompt: list[int]) -> tuple[float, int]:
-            start = time.perf_counter()
-            first, tokens = 0.0, 0
+        async def one(prompt: list[int]) -> Arrivals:
+            arrivals = Arrivals(time.perf_counter(), [])
             body = {"input_ids": prompt, "sampling_params": params, "stream": True}
             async with client.stream("POST", "/generate", json=body) as response:
                 async for line in response.aiter_lines():
                     if not line.startswith("data: {"):
                         continue
                     tokens = len(json.loads(line[6:])["output_ids"])  # cumulative, as SGLang streams
-                    if tokens and not first:
-                        first = time.perf_counter() - start
-            return first, tokens
+                    arrivals.add(tokens - len(arrivals.times))
+            return arrivals
 
         return await gather_streams(prompts, one)
 
 
 async def sequential(run: Callable[[list[list[int]]], Awaitable[Run]], prompts: list[list[int]]) -> Run:
     runs = [await run([p]) for p in prompts]
-    return Run([t for r in runs for t in r.ttfts], sum(r.tokens for r in runs), sum(r.seconds for r in runs))
+    return Run(
+        [t for r in runs for t in r.ttfts],
+        sum(r.tokens for r in runs),
+        sum(r.seconds for r in runs),
+        [g for r in runs for g in r.gaps],
+    )
 
 
 def overhead(args: argparse.Namespace, log: Path) -> list[str]:
@@ -204,17 +234,22 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
     g_tp = statistics.median(r.throughput for r in runs["gateway"])
     d_ttft = statistics.median(r.median_ttft_ms for r in runs["direct"])
     g_ttft = statistics.median(r.median_ttft_ms for r in runs["gateway"])
-    rows.append(f"| {n} streams, direct to the engine (gRPC) | {d_tp:.1f} tok/s | {d_ttft:.0f} ms |")
-    rows.append(f"| {n} streams, gateway (HTTP SSE) + router | {g_tp:.1f} tok/s | {g_ttft:.0f} ms |")
+    d_itl = statistics.median(r.median_itl_ms for r in runs["direct"])
+    g_itl = statistics.median(r.median_itl_ms for r in runs["gateway"])
+    rows.append(f"| {n} streams, direct to the engine (gRPC) | {d_tp:.1f} tok/s | {d_ttft:.0f} ms | {d_itl:.2f} ms |")
+    rows.append(f"| {n} streams, gateway (HTTP SSE) + router | {g_tp:.1f} tok/s | {g_ttft:.0f} ms | {g_itl:.2f} ms |")
     rows.append(
-        f"| ratio / added | **{g_tp / d_tp:.1%}** of direct throughput | **{g_ttft - d_ttft:+.1f} ms** median TTFT |"
+        f"| ratio / added | **{g_tp / d_tp:.1%}** of direct throughput | **{g_ttft - d_ttft:+.1f} ms** median TTFT "
+        f"| **{g_itl - d_itl:+.2f} ms** median ITL |"
     )
     s_d, s_g = single_direct.median_ttft_ms, single_gateway.median_ttft_ms
+    i_d, i_g = single_direct.median_itl_ms, single_gateway.median_itl_ms
     rows.append(f"| 1 stream at a time, direct ({args.single_requests} requests) "
-                f"| {single_direct.throughput:.1f} tok/s | {s_d:.1f} ms |")  # fmt: skip
-    rows.append(f"| 1 stream at a time, gateway + router | {single_gateway.throughput:.1f} tok/s | {s_g:.1f} ms |")
+                f"| {single_direct.throughput:.1f} tok/s | {s_d:.1f} ms | {i_d:.2f} ms |")  # fmt: skip
+    rows.append(f"| 1 stream at a time, gateway + router | {single_gateway.throughput:.1f} tok/s | {s_g:.1f} ms "
+                f"| {i_g:.2f} ms |")  # fmt: skip
     rows.append(f"| ratio / added, one stream | **{single_gateway.throughput / single_direct.throughput:.1%}** "
-                f"| **{s_g - s_d:+.1f} ms** median TTFT |")  # fmt: skip
+                f"| **{s_g - s_d:+.1f} ms** median TTFT | **{i_g - i_d:+.2f} ms** median ITL |")  # fmt: skip
     return rows
 
 
@@ -319,7 +354,8 @@ def main() -> None:
     print(f"model {args.model.name}, {os.cpu_count()} CPUs, policy {args.policy}, {time.strftime('%Y-%m-%d')}")
     print(f"(the stacks log to {args.log})")
     if not args.skip_overhead:
-        print("\n| path | throughput | median time to first token |\n| --- | --- | --- |")
+        print("\n| path | throughput | median time to first token | median inter-token latency |")
+        print("| --- | --- | --- | --- |")
         print("\n".join(overhead(args, args.log)), flush=True)
     if not args.skip_scale:
         print("\n| engines | throughput (gateway + router) | vs 1 engine | median TTFT |\n| --- | --- | --- | --- |")

@@ -44,8 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     from turnout.child_processes import die_with_launcher
+    from turnout.event_loop import install_event_loop_policy
 
     die_with_launcher()
+    install_event_loop_policy()
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     code = args.run(args)
     exit_now(code if isinstance(code, int) else 0)

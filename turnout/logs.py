@@ -7,6 +7,11 @@ log collector). A JSON line holds `timestamp`, `level`, `service`, `logger`, `me
 `span_id` while a span is current (tracing on), and every field passed with `extra=`. Text is
 coloured by level on a terminal (not with NO_COLOR set).
 
+Lines are formatted and written by one thread of their own (`BackgroundHandler`): a write into a
+pipe whose reader lags (the launcher copying a child's stderr on a busy machine) blocks the
+writer, and the writer must not be a service's event loop. The caller only takes what exists in
+its own thread (the message, the request id, the span) and queues the record.
+
 "A terminal" is `TURNOUT_TTY` (1 or 0) when set, else whether stderr is one: the children of
 `turnout serve` write into a pipe the launcher copies to its own stderr, and it tells them what
 that is. Progress bars (`progress_bar`) follow the same rule.
@@ -14,9 +19,12 @@ that is. Progress bars (`progress_bar`) follow the same rule.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import logging.handlers
 import os
+import queue
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -44,6 +52,9 @@ _LEVEL_COLOURS = {
     "CRITICAL": "\x1b[1;31m",
 }
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
+# Records queued for the writing thread at most; a logger that outruns a blocked stderr waits (as a
+# blocking write would), so memory stays bounded and no line is dropped.
+QUEUED_RECORDS = 10_000
 
 
 def stderr_is_terminal() -> bool:
@@ -55,6 +66,11 @@ def stderr_is_terminal() -> bool:
 
 
 def _request_fields(record: logging.LogRecord) -> dict[str, str]:
+    """The request id and trace ids of the record: taken where it was logged (context variables
+    of the logging task), or by `BackgroundHandler.prepare` there before it was queued."""
+    taken = getattr(record, "_request_fields", None)
+    if taken is not None:
+        return dict(taken)
     fields: dict[str, str] = {}
     request_id = getattr(record, "request_id", None) or current_request_id()
     if request_id:
@@ -112,6 +128,46 @@ class TextFormatter(logging.Formatter):
         return line + tail
 
 
+class BackgroundHandler(logging.handlers.QueueHandler):
+    """Queues each record for a thread that formats it and hands it to `target` (a StreamHandler).
+    `flush()` returns once every queued line is written; `close()` (logging.shutdown, at exit)
+    writes what is queued and stops the thread."""
+
+    def __init__(self, target: logging.Handler, capacity: int = QUEUED_RECORDS) -> None:
+        self._records: queue.Queue[logging.LogRecord] = queue.Queue(capacity)
+        super().__init__(self._records)
+        self.target = target
+        self._listener = logging.handlers.QueueListener(self._records, target)
+        self._listener.start()
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # What only this thread knows: the request's context, and `args` that may change once we return.
+        record = copy.copy(record)  # other handlers (pytest's) keep the original
+        record._request_fields = _request_fields(record)
+        record.msg = record.getMessage()
+        record.args = None
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self._records.put(record)  # blocks while the queue is full
+
+    def flush(self) -> None:
+        self._records.join()
+        self.target.flush()
+
+    def close(self) -> None:
+        if self._listener._thread is not None:
+            self._listener.stop()  # writes what is queued first
+        self.target.close()
+        super().close()
+
+
+def flush_logs() -> None:
+    """Wait until every line logged so far is written (tests read stderr right after logging)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
 def log_format(flag: str | None = None) -> str:
     """The format of this process: the flag, else TURNOUT_LOG_FORMAT, else text on a terminal and json elsewhere."""
     chosen = (flag or os.environ.get("TURNOUT_LOG_FORMAT") or ("text" if stderr_is_terminal() else "json")).lower()
@@ -126,7 +182,10 @@ def setup_logging(service: str, level: str | None = None, fmt: str | None = None
     colour = stderr_is_terminal() and not os.environ.get("NO_COLOR")
     handler.setFormatter(JsonFormatter(service) if log_format(fmt) == "json" else TextFormatter(service, colour))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    for replaced in root.handlers:
+        if isinstance(replaced, BackgroundHandler):
+            replaced.close()  # a second setup (tests) stops the first one's thread
+    root.handlers[:] = [BackgroundHandler(handler)]
     root.setLevel((level or os.environ.get("TURNOUT_LOG_LEVEL", "INFO")).upper())
     # Third-party chatter stays at warning unless asked for.
     for noisy in ("uvicorn.access", "httpx", "urllib3"):

@@ -100,8 +100,9 @@ class EngineStream:
         self._model = model_name
         self._request = request
         self._call: aio.UnaryStreamCall | None = None
-        # The engine of the current attempt (for aborting single samples on it).
+        # The engine of the current attempt (for aborting single samples on it), and why it was picked.
         self.engine: EngineClient | None = None
+        self.route_reason = ""
         self._responses = self._run()
 
     def __aiter__(self) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
@@ -155,14 +156,8 @@ class EngineStream:
             "routed",
             {"engine": route.engine.address, "reason": route.reason, "policy": self._pool.policy.name},
         )
-        log.info(
-            "routed",
-            extra={
-                "request_id": self._request.external_request_id or self._request.request_id,
-                "engine": route.engine.address,
-                "reason": route.reason,
-            },
-        )
+        # Logged once, in the request's closing line (generation.py), not per pick.
+        self.route_reason = route.reason
         return route.engine
 
     async def _attempt(

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from grpc import aio
 from opentelemetry import trace
@@ -47,6 +48,7 @@ from services.router.ready_batches import ready_batches
 from services.router.sample_text import SampleText
 from services.router.tokenizer_pool import TokenizerPool, is_unreachable
 from services.router.tool_constraint import constrain_for_tools
+from turnout.errors import status_of
 from turnout.telemetry.request_context import set_request_id
 from turnout.v1 import common_pb2, engine_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -132,23 +134,57 @@ async def _generate_once(
     if request.HasField("pooling"):
         engine_request.pooling.CopyFrom(request.pooling)
     engine_request.return_hidden_states = request.return_hidden_states
-    log.info(
-        "generate",
-        extra={"request_id": request_id, "engine_request_id": engine_request_id, "prompt_tokens": len(input_ids)},
-    )
     span = trace.get_current_span()
     span.set_attribute("turnout.request_id", request_id)
     span.set_attribute("turnout.prompt_tokens", len(input_ids))
 
-    with_texts = request.logprob_options.return_text_in_logprobs
-    keep_logprobs = _asks_logprobs(request.logprob_options)
     start = _detokenize_start(request_id, prompt, params, request)
     samples = _Samples(engines, model.name, tokenizer, start, params, best_of if ranking else n)
+    started, status = time.perf_counter(), "CANCELLED"  # left early: the caller went away
+    try:
+        responses = _responses(request, engine_request, tokenizer, samples, ranking, n, best_of)
+        async with contextlib.aclosing(responses):
+            async for batch in responses:
+                yield batch
+        status = "OK"
+    except Exception as exc:
+        code = status_of(exc)
+        status = code.name if code is not None else "INTERNAL"
+        raise
+    finally:
+        # The request's one line (logging costs the event loop; a line per step would cost more than
+        # routing): what was asked, where it ran and why, how it ended.
+        log.info(
+            "generated",
+            extra={
+                "request_id": request_id,
+                "engine_request_id": engine_request_id,
+                "engine": samples.engine_address,
+                "route": samples.route_reason,
+                "prompt_tokens": len(input_ids),
+                "completion_tokens": samples.completion_tokens,
+                "status": status,
+                "seconds": round(time.perf_counter() - started, 4),
+            },
+        )
+
+
+async def _responses(
+    request: inference_pb2.GenerateRequest,
+    engine_request: engine_pb2.EngineGenerateRequest,
+    tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+    samples: _Samples,
+    ranking: bool,
+    n: int,
+    best_of: int,
+) -> AsyncGenerator[list[inference_pb2.GenerateResponse], None]:
+    with_texts = request.logprob_options.return_text_in_logprobs
+    keep_logprobs = _asks_logprobs(request.logprob_options)
     # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
     # --tool-call-parser): learn that before the engine runs.
     await samples.open_first()
     # The prompt's ids go with the first response only.
-    prompt_ids = list(input_ids) if request.return_prompt_token_ids else []
+    prompt_ids = list(engine_request.input_ids) if request.return_prompt_token_ids else []
     if not ranking:
         async for batch in samples.run(engine_request):
             if with_texts:
@@ -231,6 +267,19 @@ class _Samples:
         self._ended: set[int] = set()
         # Prompt log-probabilities, sent by the engine once; every sample's Complete carries them.
         self._input_logprobs: list[common_pb2.PositionLogprobs] = []
+        # Tokens of the samples that have ended (the request's log line).
+        self.completion_tokens = 0
+
+    @property
+    def engine_address(self) -> str:
+        """The engine the request ran on (its last attempt's), "" before one was picked."""
+        engine = self._call.engine if self._call is not None else None
+        return engine.address if engine is not None else ""
+
+    @property
+    def route_reason(self) -> str:
+        """Why the policy picked that engine (cache_hit, cache_miss, ...)."""
+        return self._call.route_reason if self._call is not None else ""
 
     def _text(self, index: int) -> SampleText:
         # Not setdefault(): building a SampleText opens a Detokenize stream.
@@ -319,6 +368,7 @@ class _Samples:
             cached_tokens=chunk.cached_tokens,
             reasoning_tokens=text.reasoning_tokens,
         )
+        self.completion_tokens += usage.completion_tokens
         out.append(_complete(chunk.index, matched, usage, self._input_logprobs))
         engine = self._call.engine if self._call is not None else None
         if len(self._ended) < self._num_samples and engine is not None:
@@ -342,6 +392,7 @@ class _Samples:
         usage.CopyFrom(done.usage)
         if text.reasoning_tokens:
             usage.reasoning_tokens = text.reasoning_tokens
+        self.completion_tokens += usage.completion_tokens
         if ids or text.text or text.reasoning_text or text.tool_calls or done.hidden_states:
             out.append(_chunk(done.index, text, ids, done.logprobs, usage, last=True, hidden=done.hidden_states))
         out.append(_complete(done.index, finish, usage, self._input_logprobs, done.embedding))

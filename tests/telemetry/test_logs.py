@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from turnout.logs import log_format, progress_bar, setup_logging
+from turnout.logs import BackgroundHandler, flush_logs, log_format, progress_bar, setup_logging
 from turnout.telemetry.request_context import set_request_id
 
 log = logging.getLogger("tests.telemetry")
@@ -23,12 +26,16 @@ def _restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield
+    for handler in root.handlers:
+        if isinstance(handler, BackgroundHandler):
+            handler.close()
     root.handlers[:] = handlers
     root.setLevel(level)
 
 
 def logged(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
     """The lines written since the last read (setup_logging binds sys.stderr, which capsys replaced)."""
+    flush_logs()
     return [json.loads(line) for line in capsys.readouterr().err.splitlines()]
 
 
@@ -82,6 +89,7 @@ def test_text_format_and_the_one_rule(monkeypatch: pytest.MonkeyPatch, capsys: p
     set_request_id("req-t")
     log.info("hello", extra={"port": 8000})
     set_request_id(None)
+    flush_logs()
     line = capsys.readouterr().err.strip()
     assert " INFO gateway tests.telemetry: hello" in line and "request_id=req-t" in line and "port=8000" in line
     monkeypatch.setenv("TURNOUT_LOG_FORMAT", "yaml")
@@ -105,16 +113,19 @@ def test_text_is_coloured_on_a_terminal_unless_no_color(
     monkeypatch.delenv("NO_COLOR", raising=False)
     setup_logging("engine", "INFO", "text")
     log.warning("careful", extra={"blocks": 3})
+    flush_logs()
     line = capsys.readouterr().err.strip()
     assert "\x1b[33mWARNING\x1b[0m engine tests.telemetry: careful" in line and "blocks=3" in line
     monkeypatch.setenv("NO_COLOR", "1")
     setup_logging("engine", "INFO", "text")
     log.warning("careful")
+    flush_logs()
     assert "\x1b" not in capsys.readouterr().err
     monkeypatch.setenv("TURNOUT_TTY", "0")
     monkeypatch.delenv("NO_COLOR")
     setup_logging("engine", "INFO", "text")
     log.warning("careful")
+    flush_logs()
     assert "\x1b" not in capsys.readouterr().err
 
 
@@ -123,6 +134,7 @@ def test_uvicorns_color_message_is_not_logged(fmt: str, capsys: pytest.CaptureFi
     setup_logging("gateway", "INFO", fmt)
     # What uvicorn passes with every line it logs.
     logging.getLogger("uvicorn.error").info("Started", extra={"color_message": "\x1b[36mStarted\x1b[0m"})
+    flush_logs()
     err = capsys.readouterr().err
     assert "Started" in err and "color_message" not in err and "\x1b[36m" not in err
 
@@ -136,3 +148,60 @@ def test_progress_bars_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsy
     with progress_bar(3, "loading weights", unit="tensor") as bar:
         bar.update(3)
     assert "loading weights:   0%|          | 0/3" in capsys.readouterr().err
+
+
+class _StuckStream:
+    """A stderr whose writes block until `release` is set (a pipe whose reader lags)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.release.wait(10)
+        self.lines.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_a_blocked_stderr_does_not_block_the_logging_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = _StuckStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    setup_logging("router", "INFO", "json")
+    set_request_id("req-blocked")
+    started = time.perf_counter()
+    for i in range(3):
+        log.info("queued", extra={"i": i})
+    set_request_id(None)
+    assert time.perf_counter() - started < 1.0  # not the 10 s each write waits
+    assert stream.lines == []
+    stream.release.set()
+    flush_logs()
+    entries = [json.loads(line) for line in stream.lines]
+    assert [(e["message"], e["i"], e["request_id"]) for e in entries] == [
+        ("queued", i, "req-blocked") for i in range(3)
+    ]
+
+
+def test_closing_writes_what_is_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = _StuckStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    setup_logging("engine", "INFO", "text")
+    log.warning("last words")
+    threading.Timer(0.2, stream.release.set).start()
+    logging.shutdown()  # what exit_now does before the process ends
+    assert len(stream.lines) == 1 and "last words" in stream.lines[0]
+
+
+def test_the_message_is_what_its_arguments_were_when_logged(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("router", "INFO", "json")
+    engines = ["a"]
+    log.info("engines %s", engines)
+    engines.append("b")  # after the call, before the thread may have formatted it
+    (entry,) = logged(capsys)
+    assert entry["message"] == "engines ['a']"

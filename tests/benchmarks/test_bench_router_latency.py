@@ -1,0 +1,23 @@
+"""bench_router's one-stream latencies: time to first token and the gaps between tokens as a client sees them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from benchmarks import bench_router
+from benchmarks.bench_router import Arrivals, Run
+
+
+def test_tokens_read_together_are_zero_apart_and_reads_are_their_time_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = itertools.count(start=1.0, step=0.5)  # each read half a second after the last
+    monkeypatch.setattr(bench_router.time, "perf_counter", lambda: next(clock))
+    arrivals = Arrivals(start=0.25, times=[])
+    arrivals.add(1)  # at 1.0
+    arrivals.add(3)  # at 1.5: three steps in one message
+    arrivals.add(1)  # at 2.0
+    assert arrivals.ttft == 0.75
+    assert arrivals.gaps == [0.5, 0.0, 0.0, 0.5]
+    run = Run([arrivals.ttft], len(arrivals.times), 2.0, arrivals.gaps)
+    assert run.median_itl_ms == 250.0 and run.median_ttft_ms == 750.0  # median of 0, 0, 0.5, 0.5 s
