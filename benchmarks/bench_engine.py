@@ -17,9 +17,11 @@ Prints a Markdown table (the format of docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -141,6 +143,21 @@ def run_transformers(
     return time.perf_counter() - start, generated
 
 
+def run_transformers_apart(
+    model_dir: Path,
+    prompts: list[list[int]],
+    output_len: int,
+    batch_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[float, int]:
+    """run_transformers in a fresh process: the baseline as its users run it, not under the
+    process-wide settings this process took for the engine (services/engine/malloc_tuning.py: its
+    batch-64 run went 206.8 tok/s in the engine's process, 184.1 in its own, runs minutes apart)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run_transformers, model_dir, prompts, output_len, batch_size, device, dtype).result()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
@@ -198,7 +215,7 @@ def main() -> None:
     if not args.skip_transformers:
         best = 0.0
         for batch_size in args.hf_batch_sizes:
-            hf_s, hf_tokens = run_transformers(
+            hf_s, hf_tokens = run_transformers_apart(
                 args.model, prompts, args.output_len, batch_size, loaded.device, loaded.dtype
             )
             best = max(best, hf_tokens / hf_s)
