@@ -12,8 +12,10 @@ from services.engine import huge_pages
 from services.engine.attention.backend import KVCache
 
 SMAPS = Path("/proc/self/smaps")
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # absent: a kernel built without THP refuses the advice
 pytestmark = pytest.mark.skipif(
-    not SMAPS.exists() or not hasattr(mmap, "MADV_HUGEPAGE"), reason="Linux /proc and madvise only"
+    not SMAPS.exists() or not hasattr(mmap, "MADV_HUGEPAGE") or not THP.exists(),
+    reason="Linux /proc, madvise and transparent huge pages only",
 )
 
 
