@@ -99,11 +99,14 @@ async def serve(
     interceptors: Sequence[aio.ServerInterceptor] = (),
     grace_s: float = 5.0,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    on_drain: Callable[[], None] | None = None,
     metrics: MetricsEndpoint | None = None,
     security: ServiceSecurity | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting calls and drain for `grace_s`.
-    `security`: the credentials calls need and TLS (None: open, plaintext; in-process tests)."""
+    `security`: the credentials calls need and TLS (None: open, plaintext; in-process tests).
+    `on_drain` runs as the stop begins (health NOT_SERVING), so that streams a caller keeps open for
+    many requests can refuse new ones and end once idle; `on_stop` runs once the server has stopped."""
     server = make_server(service, interceptors, security)
     for spec in services:
         spec.add(server)
@@ -136,6 +139,8 @@ async def serve(
 
     log.info("shutting down", extra={"grace_s": grace_s})
     await health_servicer.enter_graceful_shutdown()
+    if on_drain is not None:  # long-lived streams wind down within the grace period
+        on_drain()
     await server.stop(grace_s)
     if on_stop is not None:
         await on_stop()

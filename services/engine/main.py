@@ -90,7 +90,13 @@ async def _serve(config: EngineConfig) -> None:
     # The router asks for the page over gRPC (Metrics.Scrape) for the gateway's /metrics.
     specs = [spec, metrics_spec(RegistryMetrics(metrics.registry))]
     await serve(
-        config.address, specs, service="engine", on_stop=stop_engine, metrics=endpoint, security=config.security
+        config.address,
+        specs,
+        service="engine",
+        on_stop=stop_engine,
+        on_drain=servicer.drain,
+        metrics=endpoint,
+        security=config.security,
     )
     if ranks is not None and ranks.lost is not None:
         raise SystemExit(f"turnout engine: {ranks.lost}")

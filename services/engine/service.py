@@ -11,6 +11,7 @@ from opentelemetry import trace
 from services.engine.config import EngineConfig
 from services.engine.convert import load_to_proto, outputs_to_proto, request_from_proto
 from services.engine.engine_loop import EngineLoop
+from services.engine.generate_stream import GenerateStreams
 from services.engine.model_loader import LoadedModel
 from services.engine.request import EngineOutput
 from turnout.telemetry.engine_metrics import RequestTimeline
@@ -25,10 +26,28 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._loaded = loaded
         self._engine = engine
         self._config = config
+        self._streams = GenerateStreams(self._generate)
+
+    def drain(self) -> None:
+        """The server is stopping: GenerateStream calls take no new requests and end once idle."""
+        self._streams.drain()
 
     async def Generate(
         self, request: engine_pb2.EngineGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+        async for response in self._generate(request):
+            yield response
+
+    async def GenerateStream(
+        self, commands: AsyncIterator[engine_pb2.EngineStreamCommand], context: aio.ServicerContext
+    ) -> AsyncIterator[engine_pb2.EngineStreamOutputs]:
+        async for outputs in self._streams.serve(commands):
+            yield outputs
+
+    async def _generate(
+        self, request: engine_pb2.EngineGenerateRequest
+    ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+        """One request's responses, whether it came as a Generate call or over GenerateStream."""
         # Logs and traces show the caller's id; `request_id` (unique) is the engine's key.
         shown_id = request.external_request_id or request.request_id
         set_request_id(shown_id)

@@ -1,7 +1,8 @@
 """Running one engine request on the pool: admission, choice of engine, retries, failover.
 
     async with dispatch.open_stream(pool, model, engine_request) as call:
-        async for response in call: ...      # the engine's EngineGenerateResponses
+        async for responses in call: ...     # the engine's EngineGenerateResponses, in lists of those
+                                             # that arrived while the reader was busy
 
 - A concurrency slot (`Admission`) is held for the whole stream.
 - The policy picks among the routable engines serving the model; none: UNAVAILABLE.
@@ -31,8 +32,10 @@ import grpc
 from grpc import aio
 from opentelemetry import trace
 
+from services.router.engine_mux import MuxedCall
 from services.router.engine_pool import EngineClient, EnginePool
 from services.router.policies import routing_key
+from turnout.carried_streams import current_trace_context
 from turnout.errors import ResourceExhausted, Unavailable
 from turnout.v1 import common_pb2, engine_pb2
 
@@ -99,13 +102,13 @@ class EngineStream:
         self._pool = pool
         self._model = model_name
         self._request = request
-        self._call: aio.UnaryStreamCall | None = None
+        self._call: MuxedCall | None = None
         # The engine of the current attempt (for aborting single samples on it), and why it was picked.
         self.engine: EngineClient | None = None
         self.route_reason = ""
         self._responses = self._run()
 
-    def __aiter__(self) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+    def __aiter__(self) -> AsyncIterator[list[engine_pb2.EngineGenerateResponse]]:
         return self._responses
 
     def cancel(self) -> None:
@@ -116,7 +119,9 @@ class EngineStream:
     async def aclose(self) -> None:
         await self._responses.aclose()
 
-    async def _run(self) -> AsyncGenerator[engine_pb2.EngineGenerateResponse, None]:
+    async def _run(self) -> AsyncGenerator[list[engine_pb2.EngineGenerateResponse], None]:
+        # The engine stream's metadata is not this request's: its trace context rides in the request.
+        self._request.trace_context.update(current_trace_context())
         params = self._request.sampling_params
         n = params.n if params.HasField("n") else 1
         # best_of > n: the engine generates best_of samples, and each of them ends (a beam search's
@@ -134,9 +139,9 @@ class EngineStream:
                 tried.add(engine.address)
                 last_try = attempt == config.max_retries
                 try:
-                    async with contextlib.aclosing(self._attempt(engine, progress, errors, last_try)) as responses:
-                        async for response in responses:
-                            yield response
+                    async with contextlib.aclosing(self._attempt(engine, progress, errors, last_try)) as batches:
+                        async for batch in batches:
+                            yield batch
                     return
                 except _RetryElsewhere:
                     engine.retried_total += 1
@@ -162,22 +167,27 @@ class EngineStream:
 
     async def _attempt(
         self, engine: EngineClient, progress: _Progress, errors: list[str], last_try: bool
-    ) -> AsyncGenerator[engine_pb2.EngineGenerateResponse, None]:
+    ) -> AsyncGenerator[list[engine_pb2.EngineGenerateResponse], None]:
         """One engine call, counted in the engine's load from start to end.
 
         Raises `_RetryElsewhere` when it failed before any output and may be retried.
         """
         engine.requests_total += 1
         engine.breaker.on_dispatch()
-        call = self._call = engine.stub.Generate(self._request)
+        call = self._call = engine.mux.generate(self._request)
         self.engine = engine
         with engine.track():
             try:
-                response = await self._first_response(engine, call, errors, last_try)
+                response: engine_pb2.EngineGenerateResponse | None = await self._first_response(
+                    engine, call, errors, last_try
+                )
                 try:
-                    while response is not aio.EOF:
-                        progress.observe(response)
-                        yield response
+                    while response is not None:
+                        # With it, everything else that arrived while this request's reader was busy.
+                        batch = [response, *call.ready()]
+                        for part in batch:
+                            progress.observe(part)
+                        yield batch
                         if progress.done:
                             return
                         response = await call.read()
@@ -193,11 +203,12 @@ class EngineStream:
                 call.cancel()
         message = f"engine {engine.address} failed after output had been sent ({error}); the output is incomplete"
         log.warning("engine failed mid-stream", extra={"engine": engine.address, "error": error})
-        for abort in progress.aborts(message):
-            yield abort
+        aborts = progress.aborts(message)
+        if aborts:
+            yield aborts
 
     async def _first_response(
-        self, engine: EngineClient, call: aio.UnaryStreamCall, errors: list[str], last_try: bool
+        self, engine: EngineClient, call: MuxedCall, errors: list[str], last_try: bool
     ) -> engine_pb2.EngineGenerateResponse:
         """The call's first response, with the verdict on the engine recorded in its breaker."""
         try:
@@ -220,7 +231,7 @@ class EngineStream:
         except BaseException:
             engine.breaker.release_trial()  # cancelled: no verdict on the engine
             raise
-        if first is aio.EOF:
+        if first is None:
             engine.failures_total += 1
             engine.breaker.record_failure()
             errors.append(f"{engine.address}: ended the stream without output")
@@ -228,7 +239,6 @@ class EngineStream:
                 raise Unavailable(f"every attempt failed: {'; '.join(errors)}")
             raise _RetryElsewhere()
         engine.breaker.record_success()
-        assert isinstance(first, engine_pb2.EngineGenerateResponse)
         return first
 
 

@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2_grpc
 from services.router.admission import Admission
 from services.router.circuit_breaker import CircuitBreaker
 from services.router.config import RouterConfig
+from services.router.engine_mux import EngineMux
 from services.router.health_checker import Health, HealthState
 from services.router.policies import Policy, make_policy
 from turnout.errors import NotFound, Unavailable
@@ -44,6 +45,8 @@ class EngineClient:
         self.target = target
         self.channel = client_channel(address, config.security.client)
         self.stub = engine_pb2_grpc.EngineStub(self.channel)
+        # Generate requests go over one stream per engine (engine_mux.py).
+        self.mux = EngineMux(self.stub)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.model: common_pb2.ModelInfo | None = None
         self.health = HealthState(config.health_failure_threshold, config.health_success_threshold)

@@ -7,8 +7,9 @@ Every engine chunk of a sample (one engine step's tokens) gets exactly one Detok
 answer, so text deltas stay aligned with their token ids and log-probabilities. The
 engine batches the steps that were ready while its reader lagged into one message,
 and the router takes every engine message that arrived while it was busy at once
-(ready_batches.py); it sends each sample's consecutive chunks in one Detokenize exchange
-(one answer per step, DetokenizeTokens.step_sizes) and yields all the responses
+(dispatch.EngineStream, engine_mux.MuxedCall.ready); it sends each sample's
+consecutive chunks in one Detokenize exchange (one answer per step,
+DetokenizeTokens.step_sizes) and yields all the responses
 made of those messages together (sent as one message to a caller that accepts
 batches). Nothing waits for more: a batch is only what was already there. A
 matched stop string or regex ends its sample (the engine is told to abort just
@@ -44,9 +45,8 @@ from services.router import dispatch
 from services.router.engine_pool import EnginePool
 from services.router.logprob_text import fill_texts
 from services.router.prompt import Prompt, encode_prompt, encode_sampling_strings
-from services.router.ready_batches import ready_batches
 from services.router.sample_text import SampleText
-from services.router.tokenizer_pool import TokenizerPool, is_unreachable
+from services.router.tokenizer_pool import TokenizerClient, TokenizerPool, is_unreachable
 from services.router.tool_constraint import constrain_for_tools
 from turnout.errors import status_of
 from turnout.telemetry.request_context import set_request_id
@@ -98,7 +98,7 @@ async def generate(
 
 
 async def _generate_once(
-    request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizer: tokenizer_pb2_grpc.TokenizerStub
+    request: inference_pb2.GenerateRequest, engines: EnginePool, tokenizer: TokenizerClient
 ) -> AsyncIterator[list[inference_pb2.GenerateResponse]]:
     # The caller's id is shown (logs, traces, the tokenizer's logs); the engine keys requests by a
     # unique one, so two concurrent requests may share an id (as in vLLM).
@@ -251,7 +251,7 @@ class _Samples:
         self,
         engines: EnginePool,
         model_name: str,
-        tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+        tokenizer: TokenizerClient,
         start: tokenizer_pb2.DetokenizeStart,
         params: common_pb2.SamplingParams,
         num_samples: int,
@@ -284,7 +284,7 @@ class _Samples:
     def _text(self, index: int) -> SampleText:
         # Not setdefault(): building a SampleText opens a Detokenize stream.
         if index not in self._texts:
-            self._texts[index] = SampleText(self._tokenizer, self._start)
+            self._texts[index] = SampleText(self._tokenizer.texts, self._start)
         return self._texts[index]
 
     async def open_first(self) -> None:
@@ -300,13 +300,12 @@ class _Samples:
         async with dispatch.open_stream(self._engines, self._model_name, engine_request) as call:
             self._call = call
             try:
-                async with contextlib.aclosing(ready_batches(aiter(call))) as ready:
-                    async for messages in ready:
-                        out = await self._on_messages(engine_request.request_id, messages)
-                        if out:
-                            yield out
-                        if len(self._ended) >= self._num_samples:
-                            break
+                async for messages in call:
+                    out = await self._on_messages(engine_request.request_id, messages)
+                    if out:
+                        yield out
+                    if len(self._ended) >= self._num_samples:
+                        break
             finally:
                 call.cancel()
                 for text in self._texts.values():

@@ -1,23 +1,24 @@
 """The Detokenize stream of one sample: token ids in, final text (and stop matches) out.
 
-Strictly one message in flight: each write waits for the answer to the one
+Strictly one message in flight: each message waits for the answer to the one
 before (the start's answer is empty). The tokenizer refuses a message by ending
 the stream with an error status instead of answering, so the refusal is always
-what a read returns, never a write that races the stream's end (which gRPC
-reports as "RPC already finished" or an INTERNAL error, losing the status).
+what the exchange returns, never a message that races the stream's end.
+The stream is carried, with every other sample's, by the tokenizer's one
+DetokenizeStream (detokenize_mux.py).
 """
 
 from __future__ import annotations
 
-from grpc import aio
-
+from services.router.detokenize_mux import DetokenizeMux
+from turnout.carried_streams import current_trace_context
 from turnout.errors import Unavailable
-from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from turnout.v1 import tokenizer_pb2
 
 
 class SampleText:
-    def __init__(self, stub: tokenizer_pb2_grpc.TokenizerStub, start: tokenizer_pb2.DetokenizeStart) -> None:
-        self._call: aio.StreamStreamCall = stub.Detokenize()
+    def __init__(self, streams: DetokenizeMux, start: tokenizer_pb2.DetokenizeStart) -> None:
+        self._stream = streams.open()
         self._start = start
         self._opened = False
 
@@ -25,7 +26,10 @@ class SampleText:
         """Send the start and wait for the tokenizer to accept it; its refusal (AioRpcError) is raised here."""
         if not self._opened:
             self._opened = True
-            await self._exchange(tokenizer_pb2.DetokenizeRequest(start=self._start))
+            start = tokenizer_pb2.DetokenizeRequest(start=self._start)
+            # The carrier's metadata is not this request's: the trace context rides in the start.
+            start.start.trace_context.update(current_trace_context())
+            await self._exchange(start)
 
     async def push(self, token_ids: list[int], *, last: bool) -> tokenizer_pb2.DetokenizeResponse:
         """Every push is answered by exactly one response, so text stays aligned with its tokens."""
@@ -46,12 +50,7 @@ class SampleText:
         return list(answer.steps)
 
     async def _exchange(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
-        await self._call.write(request)
-        response = await self._call.read()
-        if response is aio.EOF:
-            raise Unavailable("tokenizer closed the detokenize stream early")
-        assert isinstance(response, tokenizer_pb2.DetokenizeResponse)
-        return response
+        return await self._stream.exchange(request)
 
     def cancel(self) -> None:
-        self._call.cancel()
+        self._stream.close()

@@ -20,6 +20,7 @@ from typing import TypeVar
 import grpc
 from grpc import aio
 
+from services.router.detokenize_mux import DetokenizeMux
 from turnout.channel_ready import first_ready
 from turnout.errors import Unavailable
 from turnout.grpc_server import client_channel
@@ -31,6 +32,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class TokenizerClient(tokenizer_pb2_grpc.TokenizerStub):
+    """A replica's stub, and the samples' Detokenize streams to it, carried by one stream (detokenize_mux.py)."""
+
+    def __init__(self, channel: aio.Channel) -> None:
+        super().__init__(channel)
+        self.texts = DetokenizeMux(self)
+
+
 class TokenizerPool:
     def __init__(
         self, addresses: tuple[str, ...], credentials: ClientCredentials | None = None, ready_timeout_s: float = 0.0
@@ -38,10 +47,10 @@ class TokenizerPool:
         self._addresses = addresses
         self._ready_timeout_s = ready_timeout_s
         self._channels = [client_channel(a, credentials) for a in addresses]
-        self._stubs = [tokenizer_pb2_grpc.TokenizerStub(c) for c in self._channels]
+        self._stubs = [TokenizerClient(c) for c in self._channels]
         self._turn = itertools.count()
 
-    async def pick(self) -> tokenizer_pb2_grpc.TokenizerStub:
+    async def pick(self) -> TokenizerClient:
         """The next connected replica (with no wait allowed: the next one)."""
         start = next(self._turn) % len(self._channels)
         if self._ready_timeout_s <= 0:

@@ -67,6 +67,7 @@ async def _serve(config: TokenizerConfig) -> None:
         tool_call_parser=config.tool_call_parser,
         limits=config.limits,
         content_format=config.chat_template_content_format,
+        carried_metrics=metrics,
     )
     spec = ServiceSpec(
         name=tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name,

@@ -15,6 +15,7 @@ from opentelemetry import trace
 from services.tokenizer.chat_prompt import ChatPrompt
 from services.tokenizer.config import TokenizerLimits
 from services.tokenizer.convert import message_to_dict, template_kwargs
+from services.tokenizer.detokenize_streams import DetokenizeStreams
 from services.tokenizer.detokenizer import IncrementalDetokenizer
 from services.tokenizer.output_parser import OutputParser
 from services.tokenizer.reasoning import DEFAULT_THINK_TAGS, reasoning_parser_class
@@ -25,6 +26,7 @@ from services.tokenizer.tool_parsers import tool_parser_class
 from services.tokenizer.work_lanes import WorkLanes
 from turnout.errors import FailedPrecondition, InvalidArgument
 from turnout.telemetry.request_context import set_request_id
+from turnout.telemetry.rpc_metrics import RpcMetrics
 from turnout.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         tool_call_parser: str | None = None,
         limits: TokenizerLimits | None = None,
         content_format: str = "auto",
+        carried_metrics: RpcMetrics | None = None,
     ) -> None:
         """Parser names as in TokenizerConfig (validated there); None: that parsing is off. The render
-        workers start with the first chat (or `start()`); `close()` stops them."""
+        workers start with the first chat (or `start()`); `close()` stops them. `carried_metrics`: the
+        per-call metrics, which count each Detokenize stream carried by DetokenizeStream as a call."""
         self._tokenizer = tokenizer
         self._content_format = content_format
         self._limits = limits = limits or TokenizerLimits()
@@ -56,6 +60,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         self._tool_parser = None if tool_call_parser is None else tool_parser_class(tool_call_parser)
         parser = self._reasoning_parser
         self._think_tags = DEFAULT_THINK_TAGS if parser is None else (parser.start_tag, parser.end_tag)
+        self._carried = DetokenizeStreams(
+            lambda requests: self.Detokenize(requests, None),
+            on_end=carried_metrics.record if carried_metrics is not None else None,
+        )
 
     async def start(self) -> None:
         await self._render_pool.start()
@@ -109,8 +117,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         text = await self._lanes.run(len(ids), decode)
         return tokenizer_pb2.DecodeResponse(text=text)
 
+    async def DetokenizeStream(
+        self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamResponse]:
+        async for answers in self._carried.serve(requests):
+            yield answers
+
     async def Detokenize(
-        self, requests: AsyncIterator[tokenizer_pb2.DetokenizeRequest], context: aio.ServicerContext
+        self, requests: AsyncIterator[tokenizer_pb2.DetokenizeRequest], context: aio.ServicerContext | None
     ) -> AsyncIterator[tokenizer_pb2.DetokenizeResponse]:
         first = await anext(aiter(requests), None)
         if first is None:

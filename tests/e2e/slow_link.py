@@ -21,6 +21,7 @@ from typing import Any
 from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
 
+from services.engine.generate_stream import GenerateStreams
 from tests.credentials import INTERNAL
 from turnout.child_processes import free_port
 from turnout.grpc_server import client_channel
@@ -32,6 +33,7 @@ class _Proxy(engine_pb2_grpc.EngineServicer, health_pb2_grpc.HealthServicer):
         self._upstream = upstream
         self._delay_s = delay_s
         self._channel: aio.Channel | None = None
+        self._streams = GenerateStreams(self._generate)
 
     def _engine(self) -> engine_pb2_grpc.EngineStub:
         if self._channel is None:
@@ -39,6 +41,15 @@ class _Proxy(engine_pb2_grpc.EngineServicer, health_pb2_grpc.HealthServicer):
         return engine_pb2_grpc.EngineStub(self._channel)
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for response in self._generate(request):
+            yield response
+
+    async def GenerateStream(self, commands: Any, context: Any) -> AsyncIterator[Any]:
+        # The router's path: each request of the stream proxied as its own Generate call.
+        async for outputs in self._streams.serve(commands):
+            yield outputs
+
+    async def _generate(self, request: Any) -> AsyncIterator[Any]:
         call = self._engine().Generate(request)
         try:
             async for response in call:

@@ -23,10 +23,12 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.engine.generate_stream import GenerateStreams
 from services.router.config import RouterConfig
 from services.router.engine_discovery import Resolver, resolve_dns
 from services.router.runtime import RouterRuntime
-from turnout.errors import StatusInterceptor
+from services.tokenizer.detokenize_streams import DetokenizeStreams
+from turnout.errors import StatusInterceptor, TurnoutError
 from turnout.v1 import (
     common_pb2,
     engine_pb2,
@@ -40,6 +42,14 @@ from turnout.v1 import (
 )
 
 MODEL = "fake-model"
+
+
+class _Refusal(TurnoutError):
+    """A fake engine's scripted failure: the status its Generate ends with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class FakeEngine(engine_pb2_grpc.EngineServicer):
@@ -63,6 +73,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.cancelled = 0
         self._server: aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
+        # The router's path: Generate requests over one GenerateStream, served as the engine serves it.
+        self._streams = GenerateStreams(self._generate)
 
     @property
     def address(self) -> str:
@@ -90,18 +102,29 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         await self._health.set("", status)
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for response in self._generate(request):
+                yield response
+        except _Refusal as exc:
+            await context.abort(exc.code, str(exc))
+
+    async def GenerateStream(self, commands: Any, context: Any) -> AsyncIterator[Any]:
+        async for outputs in self._streams.serve(commands):
+            yield outputs
+
+    async def _generate(self, request: Any) -> AsyncIterator[Any]:
         self.received.append(request)
         self.active += 1
         try:
             if self.fail is not None:
-                await context.abort(self.fail, f"{self.name} fails on purpose")
+                raise _Refusal(self.fail, f"{self.name} fails on purpose")
             n = request.sampling_params.n if request.sampling_params.HasField("n") else 1
             outputs = [self.outputs[index % len(self.outputs)] for index in range(n)] if self.outputs else None
             length = max(len(o) for o in outputs) if outputs else self.tokens
             ready: list[engine_pb2.EngineGenerateResponse] = []
             for i in range(length):
                 if self.fail_after is not None and i == self.fail_after:
-                    await context.abort(grpc.StatusCode.INTERNAL, f"{self.name} broke mid-stream")
+                    raise _Refusal(grpc.StatusCode.INTERNAL, f"{self.name} broke mid-stream")
                 await asyncio.sleep(self.token_delay_s)
                 for index in range(n):
                     if outputs is not None and i >= len(outputs[index]):
@@ -153,6 +176,12 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
 
     def __init__(self) -> None:
         self.streams = 0
+        # The router's path: every sample's Detokenize stream carried by one, served as the tokenizer serves it.
+        self._carried = DetokenizeStreams(lambda requests: self.Detokenize(requests, None))
+
+    async def DetokenizeStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for answers in self._carried.serve(requests):
+            yield answers
 
     async def Encode(self, request: Any, context: Any) -> Any:
         return tokenizer_pb2.EncodeResponse(input_ids=[ord(c) for c in request.text])

@@ -12,6 +12,7 @@ import pytest
 from grpc import aio
 
 from tests.router.conftest import FakeTokenizer, text_of
+from turnout.errors import Unavailable
 from turnout.v1 import inference_pb2
 
 SOCKET_TEXT = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused"
@@ -37,7 +38,7 @@ class VanishingTokenizer(FakeTokenizer):
     async def Detokenize(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         if self.detokenize_failures > 0:
             self.detokenize_failures -= 1
-            await context.abort(grpc.StatusCode.UNAVAILABLE, SOCKET_TEXT)
+            raise Unavailable(SOCKET_TEXT)  # the status its call ends with, carried or not
         async for response in super().Detokenize(request_iterator, context):
             yield response
 

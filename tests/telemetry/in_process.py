@@ -63,7 +63,7 @@ async def in_process_stack(model_dir: Path, loaded: LoadedModel) -> AsyncIterato
 
     tokenizer_metrics = RpcMetrics("tokenizer")
     tokenizer_server = make_server("tokenizer", [tokenizer_metrics])
-    tokenizer_servicer = TokenizerServicer(TextTokenizer(model_dir))
+    tokenizer_servicer = TokenizerServicer(TextTokenizer(model_dir), carried_metrics=tokenizer_metrics)
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(tokenizer_servicer, tokenizer_server)
     metrics_spec(RegistryMetrics(tokenizer_metrics.registry)).add(tokenizer_server)
     tokenizer_address = await _start(tokenizer_server)

@@ -59,10 +59,15 @@ class RpcMetrics(aio.ServerInterceptor):  # type: ignore[misc]
             return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method), **kwargs)
         return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, method), **kwargs)
 
+    def record(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        """One finished call of `method` (a name such as "Detokenize"); also for calls carried inside
+        another stream (services/tokenizer/detokenize_streams.py), which count as the calls they stand for."""
+        self.requests.labels(method, code.name).inc()
+        self.duration.labels(method).observe(seconds)
+
     def _record(self, method: str, started: float, context: aio.ServicerContext, cancelled: bool) -> None:
         code = grpc.StatusCode.CANCELLED if cancelled else (context.code() or grpc.StatusCode.OK)
-        self.requests.labels(method, code.name).inc()
-        self.duration.labels(method).observe(time.perf_counter() - started)
+        self.record(method, code, time.perf_counter() - started)
 
     def _unary(self, behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Any]:
         async def handler(request: Any, context: aio.ServicerContext) -> Any:

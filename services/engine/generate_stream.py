@@ -1,0 +1,148 @@
+"""Engine.GenerateStream: many Generate requests over one stream.
+
+One gRPC stream per request costs a call's set-up, and a message with its own write, read and
+wake-ups at both ends for every step of every request. Over one stream per caller, what became
+ready for all of its requests since the last write goes out as one message: one write per engine
+step (more steps per message while the reader lags), whatever the number of requests.
+
+Each request still runs exactly as its own Generate call would (`generate`, the servicer's per-request
+generator): its responses are the same messages, in the same order, then an `end` with the status
+its call would have ended with. An `abort` command, or the stream closing, stops requests the way a
+cancelled call does. While the service drains (`drain()`), new requests are refused UNAVAILABLE and
+the stream ends once its running requests have finished, so a graceful stop does not wait out its
+grace period for an idle stream.
+
+A request's trace context comes in the request (`trace_context`), not in the stream's metadata:
+its SERVER span is opened here, named as the Generate call's would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from turnout.carried_streams import carried_span, set_end
+from turnout.errors import InvalidArgument, Unavailable
+from turnout.v1 import engine_pb2
+
+Generate = Callable[[engine_pb2.EngineGenerateRequest], AsyncIterator[engine_pb2.EngineGenerateResponse]]
+
+# Each request is traced and reported as its own Generate call would be.
+_METHOD = "turnout.v1.Engine/Generate"
+
+
+class GenerateStreams:
+    """Serves GenerateStream calls with a servicer's per-request `generate`."""
+
+    def __init__(self, generate: Generate, service: str = "engine") -> None:
+        self._generate = generate
+        self._service = service
+        self._open: set[_Stream] = set()
+        self._draining = False
+
+    def drain(self) -> None:
+        """The service is stopping: refuse new requests, end each stream once it is idle."""
+        self._draining = True
+        for stream in self._open:
+            stream.wake()
+
+    async def serve(
+        self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]
+    ) -> AsyncIterator[engine_pb2.EngineStreamOutputs]:
+        stream = _Stream(self)
+        self._open.add(stream)
+        try:
+            async for outputs in stream.run(commands):
+                yield outputs
+        finally:
+            self._open.discard(stream)
+
+
+class _Stream:
+    def __init__(self, owner: GenerateStreams) -> None:
+        self._owner = owner
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Items not written yet, and the event that wakes the writer for them.
+        self._pending = engine_pb2.EngineStreamOutputs()
+        self._ready = asyncio.Event()
+        self._commands_ended = False
+
+    def wake(self) -> None:
+        self._ready.set()
+
+    async def run(
+        self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]
+    ) -> AsyncIterator[engine_pb2.EngineStreamOutputs]:
+        reader = asyncio.create_task(self._read(commands))
+        try:
+            while True:
+                await self._ready.wait()
+                await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
+                self._ready.clear()
+                if self._pending.items:
+                    outputs, self._pending = self._pending, engine_pb2.EngineStreamOutputs()
+                    yield outputs
+                if reader.done():
+                    reader.result()  # a broken command stream ends this one with its error
+                if not self._tasks and (self._commands_ended or self._owner._draining):
+                    return
+        finally:
+            reader.cancel()
+            for task in list(self._tasks.values()):
+                task.cancel()
+            tasks = [reader, *self._tasks.values()]
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _read(self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]) -> None:
+        try:
+            async for command in commands:
+                kind = command.WhichOneof("kind")
+                if kind == "generate":
+                    self._start(command.generate)
+                elif kind == "abort":
+                    self._abort(command.abort.request_id)
+        finally:
+            self._commands_ended = True
+            self.wake()
+
+    def _start(self, request: engine_pb2.EngineGenerateRequest) -> None:
+        request_id = request.request_id
+        if self._owner._draining:
+            self._end(request_id, Unavailable("engine is shutting down"))
+        elif request_id in self._tasks:
+            self._end(request_id, InvalidArgument(f"request id {request_id!r} is already in use"))
+        else:
+            self._tasks[request_id] = asyncio.create_task(self._run(request))
+
+    def _abort(self, request_id: str) -> None:
+        task = self._tasks.pop(request_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _run(self, request: engine_pb2.EngineGenerateRequest) -> None:
+        request_id = request.request_id
+        try:
+            with carried_span(self._owner._service, _METHOD, request.trace_context):
+                async for response in self._owner._generate(request):
+                    item = self._pending.items.add()
+                    item.request_id = request_id
+                    item.response.CopyFrom(response)
+                    self._ready.set()
+        except asyncio.CancelledError:
+            raise  # aborted, or the stream is closing: nobody waits for an end
+        except Exception as exc:
+            self._end(request_id, exc)
+        else:
+            self._end(request_id, None)
+        finally:
+            if self._tasks.get(request_id) is asyncio.current_task():
+                del self._tasks[request_id]
+            self._ready.set()
+
+    def _end(self, request_id: str, exc: BaseException | None) -> None:
+        item = self._pending.items.add()
+        item.request_id = request_id
+        set_end(item.end, exc, _METHOD)
+        self._ready.set()

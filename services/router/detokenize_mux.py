@@ -1,0 +1,145 @@
+"""The router's Detokenize streams to one tokenizer, carried by one `Tokenizer.DetokenizeStream`.
+
+Every sample's text used to be its own Detokenize call. Carried by one stream per tokenizer, the
+exchanges of every sample that become due while the router works go out as one message, and the
+tokenizer's answers to all of them come back as one: a write and a read per batch of samples instead of
+per sample.
+
+`DetokenizeMux.open()` gives a `CarriedDetokenize` for one sample, whose `exchange()` is what a write
+and a read on its own call were (one answer per message; the tokenizer's refusal raised as the
+`aio.AioRpcError` its call would have ended with). When the carrier breaks (the tokenizer died or
+restarted), every exchange on it fails with the carrier's status, as their own calls would have,
+and the next sample opens a new carrier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc import aio
+
+from turnout.carried_streams import call_error, end_error
+from turnout.errors import Unavailable
+from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+
+
+class CarriedDetokenize:
+    """One sample's Detokenize stream on a carrier: one message in flight at a time."""
+
+    def __init__(self, carrier: _Carrier, stream_id: int) -> None:
+        self._carrier = carrier
+        self._id = stream_id
+        self._closed = False
+
+    async def exchange(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
+        """Send one message and return its answer."""
+        return await self._carrier.exchange(self._id, request)
+
+    def close(self) -> None:
+        """Nothing more is needed of this stream (the tokenizer drops it)."""
+        if not self._closed:
+            self._closed = True
+            self._carrier.close(self._id)
+
+
+class _Carrier:
+    """One open DetokenizeStream and the exchanges waiting on it."""
+
+    def __init__(self, mux: DetokenizeMux, stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
+        self._mux = mux
+        self._waiting: dict[int, asyncio.Future[tokenizer_pb2.DetokenizeResponse]] = {}
+        self._outgoing = tokenizer_pb2.DetokenizeStreamRequest()
+        self._due = asyncio.Event()
+        self._error: aio.AioRpcError | None = None
+        self._call = stub.DetokenizeStream(self._send())
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def exchange(
+        self, stream_id: int, request: tokenizer_pb2.DetokenizeRequest
+    ) -> tokenizer_pb2.DetokenizeResponse:
+        if self._error is not None:
+            raise self._error
+        answer: asyncio.Future[tokenizer_pb2.DetokenizeResponse] = asyncio.get_running_loop().create_future()
+        self._waiting[stream_id] = answer
+        item = self._outgoing.items.add()
+        item.stream_id = stream_id
+        item.request.CopyFrom(request)
+        self._due.set()
+        try:
+            return await answer
+        finally:
+            if self._waiting.get(stream_id) is answer:
+                del self._waiting[stream_id]
+
+    def close(self, stream_id: int) -> None:
+        if self._error is None:
+            self._outgoing.items.add(stream_id=stream_id, close=True)
+            self._due.set()
+
+    async def aclose(self) -> None:
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    async def _send(self) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]:
+        while self._error is None:
+            await self._due.wait()
+            await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
+            self._due.clear()
+            if self._outgoing.items:
+                message, self._outgoing = self._outgoing, tokenizer_pb2.DetokenizeStreamRequest()
+                yield message
+
+    async def _read(self) -> None:
+        error: aio.AioRpcError | None = None
+        try:
+            async for message in self._call:
+                for answer in message.items:
+                    waiting = self._waiting.pop(answer.stream_id, None)
+                    if waiting is None or waiting.done():
+                        continue  # the end of a stream this side closed
+                    if answer.WhichOneof("kind") == "response":
+                        waiting.set_result(answer.response)
+                    else:
+                        refusal = end_error(answer.end)
+                        waiting.set_exception(refusal or Unavailable("tokenizer closed the detokenize stream early"))
+        except aio.AioRpcError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = call_error(grpc.StatusCode.CANCELLED, "the router closed the detokenize stream")
+            raise
+        finally:
+            self._error = error or call_error(grpc.StatusCode.UNAVAILABLE, "the tokenizer ended its DetokenizeStream")
+            self._due.set()  # the sender sees the error and ends
+            self._mux._ended(self)
+            for waiting in self._waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(self._error)
+            self._waiting.clear()
+
+
+class DetokenizeMux:
+    """The Detokenize streams this router opens on one tokenizer, carried by one stream at a time."""
+
+    def __init__(self, stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
+        self._stub = stub
+        self._carrier: _Carrier | None = None
+        self._ids = itertools.count(1)
+
+    def open(self) -> CarriedDetokenize:
+        """A new sample's stream (on the open carrier, opening one if none is)."""
+        if self._carrier is None:
+            self._carrier = _Carrier(self, self._stub)
+        return CarriedDetokenize(self._carrier, next(self._ids))
+
+    async def close(self) -> None:
+        if self._carrier is not None:
+            await self._carrier.aclose()
+
+    def _ended(self, carrier: _Carrier) -> None:
+        if self._carrier is carrier:
+            self._carrier = None
