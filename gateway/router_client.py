@@ -1,11 +1,23 @@
-"""The gateway's client of the router's public `turnout.v1.Inference` service."""
+"""The gateway's client of the router's public `turnout.v1.Inference` service.
+
+While the router is down (restarting), a call waits up to `ready_timeout_s` for it, then fails
+with HTTP 503 naming it (`connected`). The router can also die between that check and the call
+(the channel still looked connected): the call then fails UNAVAILABLE with gRPC's transport text
+before any response. Every call goes through `_call`, which then waits for the router as
+`connected` does and tries the call once more; nothing reached the HTTP client yet, so nothing is
+sent twice. A generate stream that fails after its first response is not retried (it surfaces in
+`Generation.events`, past `_call`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
+import grpc
 from grpc import aio
 from starlette.requests import Request
 
@@ -20,6 +32,10 @@ from turnout.v1 import (
     router_admin_pb2,
     router_admin_pb2_grpc,
 )
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -61,13 +77,46 @@ class RouterClient:
         """Return at once while the router is connected; while it is down, wait for it up to the
         ready timeout (or `timeout_s`, if shorter), then raise HTTP 503 naming it. With no wait
         allowed, the call goes ahead (and fails at once if the router is down)."""
-        wait_s = self.ready_timeout_s if timeout_s is None else min(timeout_s, self.ready_timeout_s)
-        if self.channel is None or wait_s <= 0:
+        wait_s = self._wait_s(timeout_s)
+        if wait_s <= 0:
             return
+        assert self.channel is not None
         if await first_ready([self.channel], 0, wait_s) is None:
-            raise HTTPError(
-                503, f"the router at {self.address} is not reachable (restarting?); waited {wait_s:g} s for it"
-            )
+            raise self._unreachable(f"waited {wait_s:g} s for it")
+
+    async def _call(self, rpc: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
+        """`rpc()` once the router is connected. A call failing UNAVAILABLE before any response (the
+        router died after `connected` saw it up, or answered so itself, e.g. no engine healthy yet)
+        waits for the router as `connected` does and is tried once more. Failing UNAVAILABLE again
+        while the channel is not connected is the 503 naming the router; while it is, the router's
+        own error stands. A client that may not wait (a probe) calls once."""
+        await self.connected(timeout_s)
+        try:
+            return await rpc()
+        except aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or self._wait_s(timeout_s) <= 0:
+                raise
+            log.warning("router call failed before any response; trying once more", extra={"details": exc.details()})
+        await self.connected(timeout_s)
+        try:
+            return await rpc()
+        except aio.AioRpcError as exc:
+            # Still connected: the router itself answered UNAVAILABLE (no healthy engine, ...); its words.
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE or self._router_connected():
+                raise
+            raise self._unreachable("it dropped the call again after coming back") from None
+
+    def _wait_s(self, timeout_s: float | None) -> float:
+        """How long a call may wait for the router (0: not at all)."""
+        if self.channel is None:
+            return 0.0
+        return self.ready_timeout_s if timeout_s is None else min(timeout_s, self.ready_timeout_s)
+
+    def _router_connected(self) -> bool:
+        return self.channel is not None and self.channel.get_state() is grpc.ChannelConnectivity.READY
+
+    def _unreachable(self, detail: str) -> HTTPError:
+        return HTTPError(503, f"the router at {self.address} is not reachable (restarting?); {detail}")
 
     def probing(self) -> RouterClient:
         """This client for a probe: it tells how things are now, so it never waits for the router."""
@@ -78,21 +127,21 @@ class RouterClient:
         return "" if not requested or requested in self.aliases else requested
 
     async def generate(self, requests: Sequence[inference_pb2.GenerateRequest]) -> Generation:
-        await self.connected()
-        return await Generation.start(self.stub, requests, self.timeout_s)
+        # `start` returns once every call has its first response; until then a failure cancels them all
+        # and nothing has reached the HTTP client, so all may start again. Later failures (in `events`)
+        # are not retried: output has been sent.
+        return await self._call(lambda: Generation.start(self.stub, requests, self.timeout_s))
 
     async def tokenize_request(self, request: inference_pb2.TokenizeRequest) -> inference_pb2.TokenizeResponse:
         request.model = self.router_model(request.model)
-        await self.connected()
-        return await self.stub.Tokenize(request, timeout=self.timeout_s)
+        return await self._call(lambda: self.stub.Tokenize(request, timeout=self.timeout_s))
 
     async def tokenize(self, model: str, text: str, add_special_tokens: bool | None) -> list[int]:
         """`text` as the router encodes a text prompt (`add_special_tokens` None: the router's default)."""
         request = inference_pb2.TokenizeRequest(model=model, text=text)
         if add_special_tokens is not None:
             request.add_special_tokens = add_special_tokens
-        await self.connected()
-        reply = await self.stub.Tokenize(request, timeout=self.timeout_s)
+        reply = await self._call(lambda: self.stub.Tokenize(request, timeout=self.timeout_s))
         return list(reply.input_ids)
 
     async def detokenize(
@@ -107,33 +156,30 @@ class RouterClient:
             request.skip_special_tokens = skip_special_tokens
         if spaces_between_special_tokens is not None:
             request.spaces_between_special_tokens = spaces_between_special_tokens
-        await self.connected()
-        reply = await self.stub.Detokenize(request, timeout=self.timeout_s)
+        reply = await self._call(lambda: self.stub.Detokenize(request, timeout=self.timeout_s))
         return reply.text
 
     async def tokenizer_info(self, model: str | None) -> common_pb2.TokenizerInfo:
         request = inference_pb2.TokenizerInfoRequest(model=self.router_model(model))
-        await self.connected()
-        return await self.stub.GetTokenizerInfo(request, timeout=self.timeout_s)
+        return await self._call(lambda: self.stub.GetTokenizerInfo(request, timeout=self.timeout_s))
 
     async def list_models(self, timeout_s: float | None = None) -> list[common_pb2.ModelInfo]:
-        await self.connected(timeout_s)
-        reply = await self.stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout_s or self.timeout_s)
+        request = inference_pb2.ListModelsRequest()
+        reply = await self._call(lambda: self.stub.ListModels(request, timeout=timeout_s or self.timeout_s), timeout_s)
         return list(reply.models)
 
     async def model_info(self, model: str = "", timeout_s: float | None = None) -> common_pb2.ModelInfo:
         """The named model (an alias: the default one), or the default one for an empty name; NOT_FOUND
         when unknown."""
         request = inference_pb2.ModelInfoRequest(model=self.router_model(model))
-        await self.connected(timeout_s)
-        return await self.stub.GetModelInfo(request, timeout=timeout_s or self.timeout_s)
+        return await self._call(lambda: self.stub.GetModelInfo(request, timeout=timeout_s or self.timeout_s), timeout_s)
 
     async def list_engines(self, timeout_s: float | None = None) -> router_admin_pb2.ListEnginesResponse:
         """The router's engines with their health, load and counters (RouterAdmin.ListEngines)."""
-        assert self.admin is not None, "RouterClient built without the admin stub"
+        admin = self.admin
+        assert admin is not None, "RouterClient built without the admin stub"
         request = router_admin_pb2.ListEnginesRequest()
-        await self.connected(timeout_s)
-        return await self.admin.ListEngines(request, timeout=timeout_s or self.timeout_s)
+        return await self._call(lambda: admin.ListEngines(request, timeout=timeout_s or self.timeout_s), timeout_s)
 
     async def model_name(self, requested: str | None) -> str:
         """The name to report in responses: the one asked for, else the default model's (its first
@@ -147,26 +193,27 @@ class RouterClient:
     async def flush_cache(self, admin_key: str) -> router_admin_pb2.FlushAllCachesResponse:
         """Drop every engine's prefix cache (RouterAdmin.FlushCache), as the caller holding `admin_key`
         (the router and each engine check it)."""
-        assert self.admin is not None, "RouterClient built without the admin stub"
-        await self.connected()
+        admin = self.admin
+        assert admin is not None, "RouterClient built without the admin stub"
         metadata = (("authorization", f"Bearer {admin_key}"),)
-        return await self.admin.FlushCache(engine_pb2.FlushCacheRequest(), timeout=self.timeout_s, metadata=metadata)
+        request = engine_pb2.FlushCacheRequest()
+        return await self._call(lambda: admin.FlushCache(request, timeout=self.timeout_s, metadata=metadata))
 
     async def load_lora_adapter(self, admin_key: str, name: str, path: str) -> None:
         """RouterAdmin.LoadLoraAdapter as the caller holding `admin_key` (the router and each engine check it)."""
-        assert self.admin is not None, "RouterClient built without the admin stub"
-        await self.connected()
+        admin = self.admin
+        assert admin is not None, "RouterClient built without the admin stub"
         metadata = (("authorization", f"Bearer {admin_key}"),)
         request = engine_pb2.LoadLoraAdapterRequest(lora_name=name, lora_path=path)
-        await self.admin.LoadLoraAdapter(request, timeout=self.timeout_s, metadata=metadata)
+        await self._call(lambda: admin.LoadLoraAdapter(request, timeout=self.timeout_s, metadata=metadata))
 
     async def unload_lora_adapter(self, admin_key: str, name: str) -> None:
         """RouterAdmin.UnloadLoraAdapter, as load_lora_adapter."""
-        assert self.admin is not None, "RouterClient built without the admin stub"
-        await self.connected()
+        admin = self.admin
+        assert admin is not None, "RouterClient built without the admin stub"
         metadata = (("authorization", f"Bearer {admin_key}"),)
         request = engine_pb2.UnloadLoraAdapterRequest(lora_name=name)
-        await self.admin.UnloadLoraAdapter(request, timeout=self.timeout_s, metadata=metadata)
+        await self._call(lambda: admin.UnloadLoraAdapter(request, timeout=self.timeout_s, metadata=metadata))
 
 
 def router_of(request: Request) -> RouterClient:
