@@ -20,16 +20,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from turnout.carried_streams import carried_span, set_end
-from turnout.errors import InvalidArgument, Unavailable
+from turnout.errors import InvalidArgument, ResourceExhausted, Unavailable
+from turnout.grpc_server import MAX_MESSAGE_BYTES
 from turnout.v1 import engine_pb2
 
 Generate = Callable[[engine_pb2.EngineGenerateRequest], AsyncIterator[engine_pb2.EngineGenerateResponse]]
 
 # Each request is traced and reported as its own Generate call would be.
 _METHOD = "turnout.v1.Engine/Generate"
+# The most one message of the stream carries: half what a channel takes (MAX_MESSAGE_BYTES), so a
+# message never nears the limit; the framing of an item (tag, length) is a few bytes (_ITEM_OVERHEAD).
+MESSAGE_BUDGET = MAX_MESSAGE_BYTES // 2
+_ITEM_OVERHEAD = 16
+
+
+def _refused(request_id: str, size: int) -> engine_pb2.EngineStreamItem:
+    """The end of a request whose one output is too big to send."""
+    item = engine_pb2.EngineStreamItem(request_id=request_id)
+    set_end(
+        item.end,
+        ResourceExhausted(
+            f"an output of {size} bytes is over the {MESSAGE_BUDGET} bytes a message may carry "
+            "(hidden states of a long prompt?); the request was aborted"
+        ),
+        _METHOD,
+    )
+    return item
 
 
 class GenerateStreams:
@@ -82,7 +101,8 @@ class _Stream:
                 self._ready.clear()
                 if self._pending.items:
                     outputs, self._pending = self._pending, engine_pb2.EngineStreamOutputs()
-                    yield outputs
+                    for message in self._within_limit(outputs):
+                        yield message
                 if reader.done():
                     reader.result()  # a broken command stream ends this one with its error
                 if not self._tasks and (self._commands_ended or self._owner._draining):
@@ -94,6 +114,33 @@ class _Stream:
             tasks = [reader, *self._tasks.values()]
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _within_limit(self, outputs: engine_pb2.EngineStreamOutputs) -> Iterator[engine_pb2.EngineStreamOutputs]:
+        """`outputs` in messages of at most MESSAGE_BUDGET bytes: many requests' outputs together must not
+        make a message the caller cannot take, which would break the stream under every one of them. An
+        item too big on its own (hidden states of a long prompt) ends its request alone, as its own
+        call's over-sized message would have."""
+        if outputs.ByteSize() <= MESSAGE_BUDGET:
+            yield outputs
+            return
+        part, size = engine_pb2.EngineStreamOutputs(), 0
+        refused: set[str] = set()
+        for item in outputs.items:
+            if item.request_id in refused:
+                continue  # ended: nothing follows its end
+            item_size = item.ByteSize() + _ITEM_OVERHEAD
+            if item_size > MESSAGE_BUDGET:
+                refused.add(item.request_id)
+                self._abort(item.request_id)
+                item = _refused(item.request_id, item_size)
+                item_size = item.ByteSize() + _ITEM_OVERHEAD
+            if part.items and size + item_size > MESSAGE_BUDGET:
+                yield part
+                part, size = engine_pb2.EngineStreamOutputs(), 0
+            part.items.append(item)
+            size += item_size
+        if part.items:
+            yield part
 
     async def _read(self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]) -> None:
         try:

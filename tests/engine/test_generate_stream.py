@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import pytest
 
+from services.engine import generate_stream
 from services.engine.engine_loop import EngineLoop
 from services.engine.model_loader import LoadedModel
 from services.engine.service import EngineServicer
@@ -165,3 +167,37 @@ async def test_draining_refuses_new_requests_and_ends_the_stream_once_idle(
     assert late.code == grpc.StatusCode.UNAVAILABLE.value[0] and "shutting down" in late.details
     assert (await caller.ended("running")).code == 0  # the running request finishes
     await asyncio.wait_for(caller.task, 30)  # then the stream ends, with the caller's side still open
+
+
+async def test_outputs_past_the_message_budget_are_split_and_an_oversized_one_ends_its_request_alone(
+    engine: EngineLoop, loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    servicer = EngineServicer(loaded, engine, engine.engine.config)
+    # A budget a few one-token items fit in, and which one prompt's hidden states do not.
+    monkeypatch.setattr(generate_stream, "MESSAGE_BUDGET", 100)
+    parts: list[int] = []  # messages each write was split into
+    within_limit = generate_stream._Stream._within_limit
+
+    def counted(stream: Any, outputs: Any) -> Any:
+        split = list(within_limit(stream, outputs))
+        parts.append(len(split))
+        return iter(split)
+
+    monkeypatch.setattr(generate_stream._Stream, "_within_limit", counted)
+    caller = _Caller(servicer)
+    for name in ("a", "b", "c", "d"):
+        caller.send(generate=_request(name, 30))
+    big_request = _request("big", 30)
+    big_request.return_hidden_states = True  # 11 prompt positions of 64 floats: ~3 KB in its first output
+    caller.send(generate=big_request)
+    for name in ("a", "b", "c", "d"):
+        assert (await caller.ended(name)).code == 0
+        responses = [item.response for item in caller.by_request[name][:-1]]
+        assert len(_tokens(responses)) == 30  # every output arrived
+    big = await caller.ended("big")
+    assert big.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and "bytes a message may carry" in big.details
+    # Every message within the budget, but the one that ends "big" (its reason is longer than 100 bytes).
+    assert all(m.ByteSize() <= 100 for m in caller.messages if m.items[0].request_id != "big")
+    assert max(parts) > 1  # some write was split
+    caller.close()
+    await asyncio.wait_for(caller.task, 30)
