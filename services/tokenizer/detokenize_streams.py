@@ -8,7 +8,8 @@ tokens of every sample it read from its engines at once.
 Each carried stream runs exactly as its own call would (`detokenize`, the servicer's handler of one
 Detokenize call, fed the stream's messages as they come): the same answers in the same order, then an
 `end` with the status its call would have ended with (OK once the caller closed it). Closing the
-carrier stops every stream on it.
+carrier stops every stream on it. While the service drains (`drain()`), new streams are refused
+UNAVAILABLE and the carrier ends once its streams have.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from turnout.carried_streams import carried_span, set_end
-from turnout.errors import InvalidArgument
+from turnout.errors import InvalidArgument, Unavailable
 from turnout.v1 import tokenizer_pb2
 
 OnEnd = Callable[[str, grpc.StatusCode, float], None]
@@ -39,12 +40,26 @@ class DetokenizeStreams:
         self._detokenize = detokenize
         self._service = service
         self._on_end = on_end
+        self._open: set[_Carrier] = set()
+        self._draining = False
+
+    def drain(self) -> None:
+        """The service is stopping: refuse new streams (UNAVAILABLE), end each carrier once its streams
+        have ended, so a graceful stop does not wait out its grace period for a carrier kept open."""
+        self._draining = True
+        for carrier in self._open:
+            carrier.wake()
 
     async def serve(
         self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]
     ) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamResponse]:
-        async for answers in _Carrier(self).run(requests):
-            yield answers
+        carrier = _Carrier(self)
+        self._open.add(carrier)
+        try:
+            async for answers in carrier.run(requests):
+                yield answers
+        finally:
+            self._open.discard(carrier)
 
 
 _CLOSE = None
@@ -58,7 +73,9 @@ class _Carrier:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._pending = tokenizer_pb2.DetokenizeStreamResponse()
         self._ready = asyncio.Event()
-        self._requests_ended = False
+
+    def wake(self) -> None:
+        self._ready.set()
 
     async def run(
         self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]
@@ -74,8 +91,8 @@ class _Carrier:
                     yield answers
                 if reader.done():
                     reader.result()  # a broken request stream ends this one with its error
-                    if not self._tasks:
-                        return
+                if not self._tasks and (reader.done() or self._owner._draining):
+                    return
         finally:
             reader.cancel()
             for task in self._tasks.values():
@@ -105,6 +122,9 @@ class _Carrier:
         if queue is None:
             if stream_id in self._tasks:  # closed, not ended yet
                 self._end(stream_id, InvalidArgument(f"stream {stream_id} was closed"))
+                return
+            if self._owner._draining:
+                self._end(stream_id, Unavailable("tokenizer is shutting down"))
                 return
             queue = self._inputs[stream_id] = asyncio.Queue()
             start = item.request.start if item.request.WhichOneof("kind") == "start" else None

@@ -83,6 +83,7 @@ async def _serve(config: TokenizerConfig) -> None:
             [spec, metrics_spec(RegistryMetrics(metrics.registry))],
             service="tokenizer",
             interceptors=[metrics],
+            on_drain=servicer.drain,
             metrics=endpoint,
             security=config.security,
         )

@@ -117,6 +117,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         text = await self._lanes.run(len(ids), decode)
         return tokenizer_pb2.DecodeResponse(text=text)
 
+    def drain(self) -> None:
+        """The server is stopping: DetokenizeStream calls take no new streams and end once idle."""
+        self._carried.drain()
+
     async def DetokenizeStream(
         self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest], context: aio.ServicerContext
     ) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamResponse]:

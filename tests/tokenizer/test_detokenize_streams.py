@@ -139,3 +139,28 @@ async def test_a_lost_carrier_fails_its_exchanges_and_the_next_stream_opens_a_ne
     )
     assert mux._carrier is not carrier
     await mux.close()
+
+
+async def test_draining_refuses_new_streams_and_ends_the_carrier_once_its_streams_have(
+    tokenizer: _Tokenizer, text_tokenizer: TextTokenizer
+) -> None:
+    mux = DetokenizeMux(tokenizer.stub)
+    running = mux.open()
+    await running.exchange(tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart()))
+    carrier = mux._carrier
+    tokenizer.servicer.drain()
+    late = mux.open()
+    with pytest.raises(aio.AioRpcError) as refused:
+        await late.exchange(tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart()))
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE and "shutting down" in (refused.value.details() or "")
+    # The running stream is served to its end; then the carrier ends, with the router's side still open.
+    tokens = tokenizer_pb2.DetokenizeTokens(token_ids=ids_of(text_tokenizer, "bye"), last=True)
+    assert (await running.exchange(tokenizer_pb2.DetokenizeRequest(tokens=tokens))).text == "bye"
+    assert mux._carrier is carrier
+    running.close()
+    for _ in range(500):
+        if mux._carrier is None:
+            break
+        await asyncio.sleep(0.01)
+    assert mux._carrier is None  # the tokenizer ended it
+    await mux.close()
