@@ -30,7 +30,8 @@ from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 T = TypeVar("T")
 
 # Responses buffered per request before the readers wait for the HTTP side
-# (backpressure all the way to the engine instead of unbounded memory).
+# (backpressure to the router instead of unbounded memory here; the router then holds what the engine
+# has sent for the request, at most its whole output: the engine's step loop never waits for a reader).
 _QUEUE_SIZE = 64
 
 
