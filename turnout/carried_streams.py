@@ -1,5 +1,7 @@
 """What every stream carried inside another gRPC stream shares (Engine.GenerateStream,
-Tokenizer.DetokenizeStream): the status it ends with and the span it is traced in.
+Tokenizer.DetokenizeStream): the status it ends with, the span it is traced in, and on the serving
+side the carrier call itself (`Carrier`: one writer for every carried stream's answers; `CarrierServer`:
+draining).
 
 A carried stream answers exactly as its own call would, so it ends with the status that call would
 have ended with (`set_end`: the one place an error becomes a `StreamEnd`, as `StatusInterceptor` is
@@ -9,9 +11,11 @@ trace context the caller put in the request (the carrier's metadata belongs to n
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sized
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -112,3 +116,89 @@ def current_trace_context() -> dict[str, str]:
     if tracing.enabled():
         propagate.inject(carrier)
     return carrier
+
+
+class _Batch(Protocol):
+    """A carrier's outgoing message: its `items` answer any of the streams it carries."""
+
+    @property
+    def items(self) -> Sized: ...
+
+
+Batch = TypeVar("Batch", bound=_Batch)
+Request = TypeVar("Request")
+
+
+class CarrierServer:
+    """The serving side of a carrier RPC: the calls open now, and draining (the service is stopping:
+    carried streams are refused, and each carrier ends once the streams it carries have)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._open: set[Carrier[Any, Any]] = set()
+
+    def drain(self) -> None:
+        self.draining = True
+        for carrier in self._open:
+            carrier.wake()
+
+    async def _serve(self, carrier: Carrier[Request, Batch], requests: AsyncIterator[Request]) -> AsyncIterator[Batch]:
+        self._open.add(carrier)
+        try:
+            async for message in carrier.run(requests):
+                yield message
+        finally:
+            self._open.discard(carrier)
+
+
+class Carrier(Generic[Request, Batch]):
+    """One carrier call on the serving side: `read` takes the caller's messages (starting a task per
+    carried stream in `tasks`), the tasks add what they have for the caller to `pending`, and what is
+    pending is written as one message (`split` may make it several). The call ends once the caller is
+    done (or the service drains) and no carried stream is left; leaving it cancels every task."""
+
+    def __init__(self, server: CarrierServer, new_batch: Callable[[], Batch]) -> None:
+        self.server = server
+        self.tasks: dict[Any, asyncio.Task[None]] = {}
+        self._new_batch = new_batch
+        # Items not written yet, and the event that wakes the writer for them.
+        self.pending = new_batch()
+        self._ready = asyncio.Event()
+
+    def wake(self) -> None:
+        self._ready.set()
+
+    async def read(self, requests: AsyncIterator[Request]) -> None:
+        raise NotImplementedError
+
+    def split(self, batch: Batch) -> Iterable[Batch]:
+        return (batch,)
+
+    async def run(self, requests: AsyncIterator[Request]) -> AsyncIterator[Batch]:
+        reader = asyncio.create_task(self._read_then_wake(requests))
+        try:
+            while True:
+                await self._ready.wait()
+                await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
+                self._ready.clear()
+                if len(self.pending.items):
+                    batch, self.pending = self.pending, self._new_batch()
+                    for message in self.split(batch):
+                        yield message
+                if reader.done():
+                    reader.result()  # a broken request stream ends this one with its error
+                if not self.tasks and (reader.done() or self.server.draining):
+                    return
+        finally:
+            reader.cancel()
+            tasks = [reader, *self.tasks.values()]
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _read_then_wake(self, requests: AsyncIterator[Request]) -> None:
+        try:
+            await self.read(requests)
+        finally:
+            self.wake()  # the writer sees the caller is done

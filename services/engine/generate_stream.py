@@ -19,10 +19,9 @@ its SERVER span is opened here, named as the Generate call's would be.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
-from turnout.carried_streams import carried_span, set_end
+from turnout.carried_streams import Carrier, CarrierServer, carried_span, set_end
 from turnout.errors import InvalidArgument, ResourceExhausted, Unavailable
 from turnout.grpc_server import MAX_MESSAGE_BYTES
 from turnout.v1 import engine_pb2
@@ -51,69 +50,28 @@ def _refused(request_id: str, size: int) -> engine_pb2.EngineStreamItem:
     return item
 
 
-class GenerateStreams:
+class GenerateStreams(CarrierServer):
     """Serves GenerateStream calls with a servicer's per-request `generate`."""
 
     def __init__(self, generate: Generate, service: str = "engine") -> None:
+        super().__init__()
         self._generate = generate
         self._service = service
-        self._open: set[_Stream] = set()
-        self._draining = False
-
-    def drain(self) -> None:
-        """The service is stopping: refuse new requests, end each stream once it is idle."""
-        self._draining = True
-        for stream in self._open:
-            stream.wake()
 
     async def serve(
         self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]
     ) -> AsyncIterator[engine_pb2.EngineStreamOutputs]:
-        stream = _Stream(self)
-        self._open.add(stream)
-        try:
-            async for outputs in stream.run(commands):
-                yield outputs
-        finally:
-            self._open.discard(stream)
+        async for outputs in self._serve(_Stream(self), commands):
+            yield outputs
 
 
-class _Stream:
+class _Stream(Carrier[engine_pb2.EngineStreamCommand, engine_pb2.EngineStreamOutputs]):
     def __init__(self, owner: GenerateStreams) -> None:
+        super().__init__(owner, engine_pb2.EngineStreamOutputs)
         self._owner = owner
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        # Items not written yet, and the event that wakes the writer for them.
-        self._pending = engine_pb2.EngineStreamOutputs()
-        self._ready = asyncio.Event()
-        self._commands_ended = False
 
-    def wake(self) -> None:
-        self._ready.set()
-
-    async def run(
-        self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]
-    ) -> AsyncIterator[engine_pb2.EngineStreamOutputs]:
-        reader = asyncio.create_task(self._read(commands))
-        try:
-            while True:
-                await self._ready.wait()
-                await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
-                self._ready.clear()
-                if self._pending.items:
-                    outputs, self._pending = self._pending, engine_pb2.EngineStreamOutputs()
-                    for message in self._within_limit(outputs):
-                        yield message
-                if reader.done():
-                    reader.result()  # a broken command stream ends this one with its error
-                if not self._tasks and (self._commands_ended or self._owner._draining):
-                    return
-        finally:
-            reader.cancel()
-            for task in list(self._tasks.values()):
-                task.cancel()
-            tasks = [reader, *self._tasks.values()]
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*tasks, return_exceptions=True)
+    def split(self, batch: engine_pb2.EngineStreamOutputs) -> Iterable[engine_pb2.EngineStreamOutputs]:
+        return self._within_limit(batch)
 
     def _within_limit(self, outputs: engine_pb2.EngineStreamOutputs) -> Iterator[engine_pb2.EngineStreamOutputs]:
         """`outputs` in messages of at most MESSAGE_BUDGET bytes: many requests' outputs together must not
@@ -142,29 +100,25 @@ class _Stream:
         if part.items:
             yield part
 
-    async def _read(self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]) -> None:
-        try:
-            async for command in commands:
-                kind = command.WhichOneof("kind")
-                if kind == "generate":
-                    self._start(command.generate)
-                elif kind == "abort":
-                    self._abort(command.abort.request_id)
-        finally:
-            self._commands_ended = True
-            self.wake()
+    async def read(self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]) -> None:
+        async for command in commands:
+            kind = command.WhichOneof("kind")
+            if kind == "generate":
+                self._start(command.generate)
+            elif kind == "abort":
+                self._abort(command.abort.request_id)
 
     def _start(self, request: engine_pb2.EngineGenerateRequest) -> None:
         request_id = request.request_id
-        if self._owner._draining:
+        if self._owner.draining:
             self._end(request_id, Unavailable("engine is shutting down"))
-        elif request_id in self._tasks:
+        elif request_id in self.tasks:
             self._end(request_id, InvalidArgument(f"request id {request_id!r} is already in use"))
         else:
-            self._tasks[request_id] = asyncio.create_task(self._run(request))
+            self.tasks[request_id] = asyncio.create_task(self._run(request))
 
     def _abort(self, request_id: str) -> None:
-        task = self._tasks.pop(request_id, None)
+        task = self.tasks.pop(request_id, None)
         if task is not None:
             task.cancel()
 
@@ -173,10 +127,10 @@ class _Stream:
         try:
             with carried_span(self._owner._service, _METHOD, request.trace_context):
                 async for response in self._owner._generate(request):
-                    item = self._pending.items.add()
+                    item = self.pending.items.add()
                     item.request_id = request_id
                     item.response.CopyFrom(response)
-                    self._ready.set()
+                    self.wake()
         except asyncio.CancelledError:
             raise  # aborted, or the stream is closing: nobody waits for an end
         except Exception as exc:
@@ -184,12 +138,12 @@ class _Stream:
         else:
             self._end(request_id, None)
         finally:
-            if self._tasks.get(request_id) is asyncio.current_task():
-                del self._tasks[request_id]
-            self._ready.set()
+            if self.tasks.get(request_id) is asyncio.current_task():
+                del self.tasks[request_id]
+            self.wake()
 
     def _end(self, request_id: str, exc: BaseException | None) -> None:
-        item = self._pending.items.add()
+        item = self.pending.items.add()
         item.request_id = request_id
         set_end(item.end, exc, _METHOD)
-        self._ready.set()
+        self.wake()

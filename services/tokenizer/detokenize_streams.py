@@ -15,13 +15,12 @@ UNAVAILABLE and the carrier ends once its streams have.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from turnout.carried_streams import carried_span, set_end
+from turnout.carried_streams import Carrier, CarrierServer, carried_span, set_end
 from turnout.errors import InvalidArgument, Unavailable
 from turnout.v1 import tokenizer_pb2
 
@@ -32,75 +31,36 @@ Detokenize = Callable[[AsyncIterator[tokenizer_pb2.DetokenizeRequest]], AsyncIte
 _METHOD = "turnout.v1.Tokenizer/Detokenize"
 
 
-class DetokenizeStreams:
+class DetokenizeStreams(CarrierServer):
     """Serves DetokenizeStream calls with a servicer's handler of one Detokenize call. `on_end(method,
-    code, seconds)` hears of each carried stream's end, as the per-call metrics would of its call."""
+    code, seconds)` hears of each carried stream's end, as the per-call metrics would of its call.
+    `drain()`: new streams are refused (UNAVAILABLE), and each carrier ends once its streams have, so
+    a graceful stop does not wait out its grace period for a carrier kept open."""
 
     def __init__(self, detokenize: Detokenize, service: str = "tokenizer", on_end: OnEnd | None = None) -> None:
+        super().__init__()
         self._detokenize = detokenize
         self._service = service
         self._on_end = on_end
-        self._open: set[_Carrier] = set()
-        self._draining = False
-
-    def drain(self) -> None:
-        """The service is stopping: refuse new streams (UNAVAILABLE), end each carrier once its streams
-        have ended, so a graceful stop does not wait out its grace period for a carrier kept open."""
-        self._draining = True
-        for carrier in self._open:
-            carrier.wake()
 
     async def serve(
         self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]
     ) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamResponse]:
-        carrier = _Carrier(self)
-        self._open.add(carrier)
-        try:
-            async for answers in carrier.run(requests):
-                yield answers
-        finally:
-            self._open.discard(carrier)
+        async for answers in self._serve(_Carrier(self), requests):
+            yield answers
 
 
 _CLOSE = None
 
 
-class _Carrier:
+class _Carrier(Carrier[tokenizer_pb2.DetokenizeStreamRequest, tokenizer_pb2.DetokenizeStreamResponse]):
     def __init__(self, owner: DetokenizeStreams) -> None:
+        super().__init__(owner, tokenizer_pb2.DetokenizeStreamResponse)
         self._owner = owner
-        # Each open stream's messages not read by its handler yet (None: closed), and its handler's task.
+        # Each open stream's messages not read by its handler yet (None: closed); its task is in `tasks`.
         self._inputs: dict[int, asyncio.Queue[tokenizer_pb2.DetokenizeRequest | None]] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._pending = tokenizer_pb2.DetokenizeStreamResponse()
-        self._ready = asyncio.Event()
 
-    def wake(self) -> None:
-        self._ready.set()
-
-    async def run(
-        self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]
-    ) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamResponse]:
-        reader = asyncio.create_task(self._read(requests))
-        try:
-            while True:
-                await self._ready.wait()
-                await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
-                self._ready.clear()
-                if self._pending.items:
-                    answers, self._pending = self._pending, tokenizer_pb2.DetokenizeStreamResponse()
-                    yield answers
-                if reader.done():
-                    reader.result()  # a broken request stream ends this one with its error
-                if not self._tasks and (reader.done() or self._owner._draining):
-                    return
-        finally:
-            reader.cancel()
-            for task in self._tasks.values():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(reader, *self._tasks.values(), return_exceptions=True)
-
-    async def _read(self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]) -> None:
+    async def read(self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]) -> None:
         try:
             async for message in requests:
                 for item in message.items:
@@ -109,7 +69,6 @@ class _Carrier:
             # The caller is done: its streams get no more messages.
             for queue in self._inputs.values():
                 queue.put_nowait(_CLOSE)
-            self._ready.set()
 
     def _take(self, item: tokenizer_pb2.DetokenizeStreamItem) -> None:
         stream_id = item.stream_id
@@ -120,15 +79,15 @@ class _Carrier:
                 del self._inputs[stream_id]
             return
         if queue is None:
-            if stream_id in self._tasks:  # closed, not ended yet
+            if stream_id in self.tasks:  # closed, not ended yet
                 self._end(stream_id, InvalidArgument(f"stream {stream_id} was closed"))
                 return
-            if self._owner._draining:
+            if self._owner.draining:
                 self._end(stream_id, Unavailable("tokenizer is shutting down"))
                 return
             queue = self._inputs[stream_id] = asyncio.Queue()
             start = item.request.start if item.request.WhichOneof("kind") == "start" else None
-            self._tasks[stream_id] = asyncio.create_task(self._run(stream_id, queue, start))
+            self.tasks[stream_id] = asyncio.create_task(self._run(stream_id, queue, start))
         queue.put_nowait(item.request)
 
     async def _run(
@@ -146,10 +105,10 @@ class _Carrier:
             trace_context = start.trace_context if start is not None else {}
             with carried_span(self._owner._service, _METHOD, trace_context):
                 async for response in self._owner._detokenize(messages()):
-                    item = self._pending.items.add()
+                    item = self.pending.items.add()
                     item.stream_id = stream_id
                     item.response.CopyFrom(response)
-                    self._ready.set()
+                    self.wake()
         except asyncio.CancelledError:
             raise  # the carrier is closing: nobody waits for an end
         except Exception as exc:
@@ -159,14 +118,14 @@ class _Carrier:
         finally:
             if self._owner._on_end is not None:
                 self._owner._on_end(_METHOD.rpartition("/")[2], code, time.perf_counter() - started)
-            del self._tasks[stream_id]
+            del self.tasks[stream_id]
             if self._inputs.get(stream_id) is queue:
                 del self._inputs[stream_id]  # refused: later messages of this id are answered as closed
-            self._ready.set()
+            self.wake()
 
     def _end(self, stream_id: int, exc: BaseException | None) -> grpc.StatusCode:
-        item = self._pending.items.add()
+        item = self.pending.items.add()
         item.stream_id = stream_id
         code = set_end(item.end, exc, _METHOD)
-        self._ready.set()
+        self.wake()
         return code
