@@ -6,6 +6,7 @@ side runs it over gRPC in tests/router)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,11 +18,14 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.model_loader import LoadedModel
 from services.engine.service import EngineServicer
 from tests.engine.test_engine_loop import engine, loaded
+from tests.router.conftest import eventually
 from turnout.v1 import common_pb2, engine_pb2
 
 __all__ = ["engine", "loaded"]  # the fixtures, re-used
 
 PROMPT = list(range(1, 12))
+# Generous: a busy machine slows every step, never the outcome.
+WAIT_S = 60.0
 
 
 def _request(request_id: str, max_new_tokens: int = 6, **params: Any) -> engine_pb2.EngineGenerateRequest:
@@ -50,8 +54,10 @@ class _Caller:
         self._commands.put_nowait(None)
 
     async def ended(self, request_id: str) -> common_pb2.StreamEnd:
+        deadline = time.monotonic() + WAIT_S
         while not any(item.HasField("end") for item in self.by_request.get(request_id, [])):
             assert not self.task.done(), "the stream ended first"
+            assert time.monotonic() < deadline, f"{request_id} did not end within {WAIT_S} s"
             await asyncio.sleep(0.01)
         return self.by_request[request_id][-1].end
 
@@ -64,6 +70,11 @@ class _Caller:
             self.messages.append(message)
             for item in message.items:
                 self.by_request.setdefault(item.request_id, []).append(item)
+
+
+async def _until_idle(engine: EngineLoop) -> None:
+    """Until no request runs (an aborted one is dropped at the engine's next step)."""
+    await eventually(lambda: engine.load().running == 0, WAIT_S)
 
 
 async def _alone(servicer: EngineServicer, request: engine_pb2.EngineGenerateRequest) -> list[Any]:
@@ -128,11 +139,7 @@ async def test_abort_stops_one_request_and_frees_the_engine(engine: EngineLoop, 
         await asyncio.sleep(0.01)
     caller.send(abort=engine_pb2.AbortRequest(request_id="long"))
     assert (await caller.ended("short")).code == 0
-    for _ in range(200):
-        if engine.load().running == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert engine.load().running == 0  # "long" was aborted, not left running
+    await _until_idle(engine)  # "long" was aborted, not left running
     assert not any(item.HasField("end") for item in caller.by_request["long"])
     caller.close()
     await asyncio.wait_for(caller.task, 30)
@@ -146,11 +153,7 @@ async def test_closing_the_stream_aborts_its_requests(engine: EngineLoop, loaded
         await asyncio.sleep(0.01)
     caller.task.cancel()  # the router went away: its call is cancelled
     await asyncio.gather(caller.task, return_exceptions=True)
-    for _ in range(200):
-        if engine.load().running == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert engine.load().running == 0
+    await _until_idle(engine)
 
 
 async def test_draining_refuses_new_requests_and_ends_the_stream_once_idle(

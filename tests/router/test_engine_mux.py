@@ -72,7 +72,7 @@ async def test_cancel_aborts_the_request_on_the_engine(engine: FakeEngine) -> No
         call = mux.generate(_request("r"))
         assert (await call.read()) is not None
         assert call.cancel()
-        await eventually(lambda: engine.cancelled == 1)
+        await eventually(lambda: engine.cancelled == 1, 60.0)
         with pytest.raises(aio.AioRpcError) as cancelled:
             await call.read()
         assert cancelled.value.code() is grpc.StatusCode.CANCELLED
