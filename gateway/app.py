@@ -53,6 +53,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.router.close()
             await channel.close()
 
     # FastAPI's own OpenTelemetry support stays off: `metrics.Observability` makes the one span and

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from gateway import metrics
 from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
-from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from turnout.v1 import common_pb2, inference_pb2
 
 T = TypeVar("T")
 
@@ -124,11 +124,11 @@ class Generation:
     @classmethod
     async def start(
         cls,
-        stub: inference_pb2_grpc.InferenceStub,
+        open_call: Callable[[inference_pb2.GenerateRequest], Any],
         requests: Sequence[inference_pb2.GenerateRequest],
-        timeout_s: float | None,
     ) -> Generation:
-        """Start one call per request and wait for each one's first response.
+        """Start one call per request (`open_call`: a Generate call, or what reads like one: `read()`
+        to aio.EOF, `cancel()`) and wait for each one's first response.
 
         Waiting for the first response lets an error the router reports up
         front (unknown model, bad parameter, overload) become the HTTP status,
@@ -138,7 +138,7 @@ class Generation:
         metrics.on_generate(requests)
         for request in requests:
             request.accept_batches = True  # what is ready comes in one message (events() unpacks it)
-        calls = [stub.Generate(request, timeout=timeout_s) for request in requests]
+        calls = [open_call(request) for request in requests]
         try:
             firsts = await asyncio.gather(*(call.read() for call in calls))
         except BaseException:

@@ -22,6 +22,7 @@ from grpc import aio
 from starlette.requests import Request
 
 from gateway.errors import HTTPError
+from gateway.generate_carrier import GenerateCarrier
 from gateway.generation import Generation
 from turnout.channel_ready import first_ready
 from turnout.v1 import (
@@ -52,6 +53,8 @@ class RouterClient:
     channel: aio.Channel | None = None
     address: str = ""
     ready_timeout_s: float = 0.0
+    # Every Generate stream goes over one GenerateStream (gateway/generate_carrier.py).
+    carrier: GenerateCarrier | None = None
 
     @classmethod
     def on_channel(
@@ -63,15 +66,22 @@ class RouterClient:
         address: str = "",
         ready_timeout_s: float = 0.0,
     ) -> RouterClient:
+        stub = inference_pb2_grpc.InferenceStub(channel)
         return cls(
-            inference_pb2_grpc.InferenceStub(channel),
+            stub,
             timeout_s,
             router_admin_pb2_grpc.RouterAdminStub(channel),
             tuple(aliases),
             channel,
             address,
             ready_timeout_s,
+            GenerateCarrier(stub),
         )
+
+    async def close(self) -> None:
+        """End the Generate carrier (before the channel closes)."""
+        if self.carrier is not None:
+            await self.carrier.close()
 
     async def connected(self, timeout_s: float | None = None) -> None:
         """Return at once while the router is connected; while it is down, wait for it up to the
@@ -130,7 +140,11 @@ class RouterClient:
         # `start` returns once every call has its first response; until then a failure cancels them all
         # and nothing has reached the HTTP client, so all may start again. Later failures (in `events`)
         # are not retried: output has been sent.
-        return await self._call(lambda: Generation.start(self.stub, requests, self.timeout_s))
+        carrier = self.carrier
+        assert carrier is not None, "RouterClient built without the Generate carrier"
+        return await self._call(
+            lambda: Generation.start(lambda request: carrier.generate(request, self.timeout_s), requests)
+        )
 
     async def tokenize_request(self, request: inference_pb2.TokenizeRequest) -> inference_pb2.TokenizeResponse:
         request.model = self.router_model(request.model)

@@ -1,7 +1,8 @@
-"""What every stream carried inside another gRPC stream shares (Engine.GenerateStream,
-Tokenizer.DetokenizeStream): the status it ends with, the span it is traced in, and on the serving
-side the carrier call itself (`Carrier`: one writer for every carried stream's answers; `CarrierServer`:
-draining).
+"""What every stream carried inside another gRPC stream shares (Inference.GenerateStream,
+Engine.GenerateStream, Tokenizer.DetokenizeStream): the status it ends with, the span it is traced in,
+and on the serving side the carrier call itself (`Carrier`: one writer for every carried stream's
+answers; `CarrierServer`: draining; `ResponseStreams`: carried streams that are each a server-streaming
+handler's responses, split to the message budget).
 
 A carried stream answers exactly as its own call would, so it ends with the status that call would
 have ended with (`set_end`: the one place an error becomes a `StreamEnd`, as `StatusInterceptor` is
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -22,11 +23,17 @@ from grpc import aio
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from turnout.errors import status_of
+from turnout.errors import InvalidArgument, ResourceExhausted, Unavailable, status_of
+from turnout.grpc_server import MAX_MESSAGE_BYTES
 from turnout.telemetry import tracing
 from turnout.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+
+# The most one carrier message carries: half what a channel takes (MAX_MESSAGE_BYTES), so a message
+# never nears the limit; the framing of an item (tag, length) is a few bytes (_ITEM_OVERHEAD).
+MESSAGE_BUDGET = MAX_MESSAGE_BYTES // 2
+_ITEM_OVERHEAD = 16
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 # Codes that say the server failed: the span is an error (as the tracing interceptor's).
@@ -119,10 +126,13 @@ def current_trace_context() -> dict[str, str]:
 
 
 class _Batch(Protocol):
-    """A carrier's outgoing message: its `items` answer any of the streams it carries."""
+    """A carrier's outgoing message: its `items` (a repeated message field) answer any of the streams it
+    carries."""
 
     @property
-    def items(self) -> Sized: ...
+    def items(self) -> Any: ...
+
+    def ByteSize(self) -> int: ...
 
 
 Batch = TypeVar("Batch", bound=_Batch)
@@ -202,3 +212,121 @@ class Carrier(Generic[Request, Batch]):
             await self.read(requests)
         finally:
             self.wake()  # the writer sees the caller is done
+
+
+class _Item(Protocol):
+    """An answer of a `ResponseStreams` carrier: a response of one carried stream, or its end."""
+
+    @property
+    def response(self) -> Any: ...
+
+    @property
+    def end(self) -> common_pb2.StreamEnd: ...
+
+    def ByteSize(self) -> int: ...
+
+
+class ResponseStreams(Carrier[Request, Batch]):
+    """A carrier whose carried streams are each one server-streaming handler's responses, named by the
+    caller's key (`key_field` of each answer): `start` runs one, `stop` cancels one as a cancelled call
+    stops (no `end` follows); otherwise its responses are followed by an `end` with the status its call
+    would have ended with. A message is split at MESSAGE_BUDGET bytes: many streams' answers together
+    must never make a message the caller cannot take, which would break the carrier under all of them;
+    an answer too big on its own ends its stream alone (RESOURCE_EXHAUSTED), as its own call's over-sized
+    message would have."""
+
+    def __init__(
+        self,
+        server: CarrierServer,
+        new_batch: Callable[[], Batch],
+        *,
+        service: str,
+        method: str,
+        key_field: str,
+        key_name: str,
+    ) -> None:
+        super().__init__(server, new_batch)
+        self._service = service
+        self._method = method  # each carried stream is traced and reported as this call
+        self._key_field = key_field
+        self._key_name = key_name  # how an error names the key: "request id"
+
+    def start(self, key: Any, responses: Callable[[], AsyncIterator[Any]], trace_context: Mapping[str, str]) -> None:
+        """Run `responses()` as the carried stream `key` (refused while draining, or when `key` runs)."""
+        if self.server.draining:
+            self._end(key, Unavailable(f"{self._service} is shutting down"))
+        elif key in self.tasks:
+            self._end(key, InvalidArgument(f"{self._key_name} {key!r} is already in use"))
+        else:
+            self.tasks[key] = asyncio.create_task(self._run(key, responses, trace_context))
+
+    def stop(self, key: Any) -> None:
+        task = self.tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    def split(self, batch: Batch) -> Iterator[Batch]:
+        if batch.ByteSize() <= MESSAGE_BUDGET:
+            yield batch
+            return
+        part, size = self._new_batch(), 0
+        refused: set[Any] = set()
+        for item in batch.items:
+            key = getattr(item, self._key_field)
+            if key in refused:
+                continue  # ended: nothing follows its end
+            item_size = item.ByteSize() + _ITEM_OVERHEAD
+            if item_size > MESSAGE_BUDGET:
+                refused.add(key)
+                self.stop(key)
+                item = self._new_item(key)
+                set_end(item.end, self._too_big(item_size), self._method)
+                item_size = item.ByteSize() + _ITEM_OVERHEAD
+            if part.items and size + item_size > MESSAGE_BUDGET:
+                yield part
+                part, size = self._new_batch(), 0
+            part.items.append(item)
+            size += item_size
+        if part.items:
+            yield part
+
+    @staticmethod
+    def _too_big(size: int) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"an output of {size} bytes is over the {MESSAGE_BUDGET} bytes a message may carry "
+            "(hidden states of a long prompt?); the request was aborted"
+        )
+
+    def _new_item(self, key: Any) -> _Item:
+        """A detached answer for `key` (not in `pending`)."""
+        item = self._new_batch().items.add()
+        setattr(item, self._key_field, key)
+        return item
+
+    def _pending_item(self, key: Any) -> _Item:
+        item = self.pending.items.add()
+        setattr(item, self._key_field, key)
+        return item
+
+    async def _run(
+        self, key: Any, responses: Callable[[], AsyncIterator[Any]], trace_context: Mapping[str, str]
+    ) -> None:
+        try:
+            with carried_span(self._service, self._method, trace_context):
+                async for response in responses():
+                    self._pending_item(key).response.CopyFrom(response)
+                    self.wake()
+        except asyncio.CancelledError:
+            raise  # stopped, or the carrier is closing: nobody waits for an end
+        except Exception as exc:
+            self._end(key, exc)
+        else:
+            self._end(key, None)
+        finally:
+            if self.tasks.get(key) is asyncio.current_task():
+                del self.tasks[key]
+            self.wake()
+
+    def _end(self, key: Any, exc: BaseException | None) -> None:
+        set_end(self._pending_item(key).end, exc, self._method)
+        self.wake()

@@ -46,7 +46,14 @@ async def _serve(config: RouterConfig) -> None:
 
     router = RouterRuntime(config)
     await router.start()
-    await serve(config.address, router.services(), service="router", on_stop=router.close, security=config.security)
+    await serve(
+        config.address,
+        router.services(),
+        service="router",
+        on_stop=router.close,
+        on_drain=router.drain,
+        security=config.security,
+    )
 
 
 if __name__ == "__main__":

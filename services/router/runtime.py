@@ -41,6 +41,7 @@ class RouterRuntime:
         self.request_metrics = RequestMetrics()
         # The router's own series: what --metrics-port serves, and the first part of Metrics.Scrape.
         self.registry = make_registry(self.engines, self.request_metrics.registry)
+        self.inference = InferenceServicer(self.engines, self.tokenizers, self.request_metrics)
 
     async def start(self) -> None:
         for target in self.config.engines:
@@ -52,7 +53,7 @@ class RouterRuntime:
             self._metrics_server = serve_metrics(self.registry, self.config.host, self.config.metrics_port)
 
     def services(self) -> list[ServiceSpec]:
-        inference = InferenceServicer(self.engines, self.tokenizers, self.request_metrics)
+        inference = self.inference
         admin = RouterAdminServicer(self.engines, self.discovery)
         stack = StackMetrics(self.registry, self.engines, self.tokenizers)
         return [
@@ -66,6 +67,9 @@ class RouterRuntime:
                 add=lambda server: router_admin_pb2_grpc.add_RouterAdminServicer_to_server(admin, server),
             ),
         ]
+
+    def drain(self) -> None:
+        self.inference.drain()
 
     async def close(self) -> None:
         await self.discovery.close()

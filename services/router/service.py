@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from grpc import aio
 
 from services.router.engine_pool import EnginePool
+from services.router.generate_streams import GenerateStreams
 from services.router.generation import generate
 from services.router.metrics import RequestMetrics
 from services.router.tokenizer_pool import TokenizerPool
@@ -19,6 +20,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self._engines = engines
         self._tokenizers = tokenizers
         self._metrics = metrics or RequestMetrics()
+        self.streams = GenerateStreams(self.Generate)
+
+    def drain(self) -> None:
+        """The router is stopping: GenerateStream carriers refuse new streams and end once idle."""
+        self.streams.drain()
 
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: aio.ServicerContext
@@ -33,6 +39,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             else:
                 for response in batch:
                     yield response
+
+    async def GenerateStream(
+        self, requests: AsyncIterator[inference_pb2.GenerateStreamRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateStreamResponse]:
+        async for message in self.streams.serve(requests, context):
+            yield message
 
     async def Tokenize(
         self, request: inference_pb2.TokenizeRequest, context: aio.ServicerContext

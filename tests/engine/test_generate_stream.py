@@ -13,12 +13,12 @@ from typing import Any
 import grpc
 import pytest
 
-from services.engine import generate_stream
 from services.engine.engine_loop import EngineLoop
 from services.engine.model_loader import LoadedModel
 from services.engine.service import EngineServicer
 from tests.engine.test_engine_loop import engine, loaded
 from tests.router.conftest import eventually
+from turnout import carried_streams
 from turnout.v1 import common_pb2, engine_pb2
 
 __all__ = ["engine", "loaded"]  # the fixtures, re-used
@@ -177,16 +177,16 @@ async def test_outputs_past_the_message_budget_are_split_and_an_oversized_one_en
 ) -> None:
     servicer = EngineServicer(loaded, engine, engine.engine.config)
     # A budget a few one-token items fit in, and which one prompt's hidden states do not.
-    monkeypatch.setattr(generate_stream, "MESSAGE_BUDGET", 100)
+    monkeypatch.setattr(carried_streams, "MESSAGE_BUDGET", 100)
     parts: list[int] = []  # messages each write was split into
-    within_limit = generate_stream._Stream._within_limit
+    split = carried_streams.ResponseStreams.split
 
     def counted(stream: Any, outputs: Any) -> Any:
-        split = list(within_limit(stream, outputs))
-        parts.append(len(split))
-        return iter(split)
+        messages = list(split(stream, outputs))
+        parts.append(len(messages))
+        return iter(messages)
 
-    monkeypatch.setattr(generate_stream._Stream, "_within_limit", counted)
+    monkeypatch.setattr(carried_streams.ResponseStreams, "split", counted)
     caller = _Caller(servicer)
     for name in ("a", "b", "c", "d"):
         caller.send(generate=_request(name, 30))

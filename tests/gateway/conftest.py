@@ -16,6 +16,7 @@ from grpc import aio
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from services.router.generate_streams import GenerateStreams
 from turnout.v1 import (
     common_pb2,
     engine_pb2,
@@ -131,6 +132,8 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         self.script: Script = default_script
         self.list_error: grpc.StatusCode | None = None
         self.cancelled = asyncio.Event()
+        # GenerateStream calls opened (the gateway carries its Generate calls in them).
+        self.carriers = 0
         self.admin = FakeAdmin()
         # Tokenize / Detokenize calls being answered at once, and the most seen (each waits
         # tokenizer_delay_s first, so concurrent calls overlap).
@@ -158,6 +161,12 @@ class FakeRouter(inference_pb2_grpc.InferenceServicer):
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+
+    async def GenerateStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
+        """The gateway's carrier: each carried stream runs `Generate`, as the router's does."""
+        self.carriers += 1
+        async for message in GenerateStreams(self.Generate).serve(requests, context):
+            yield message
 
     async def Tokenize(self, request: Any, context: Any) -> Any:
         self.tokenize_requests.append(request)

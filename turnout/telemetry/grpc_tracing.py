@@ -7,9 +7,9 @@ Both exist only while tracing is on (`traced()` returns the plain channel and
 per call. There are no CLIENT spans: one request is one trace with one span per service hop.
 
 Health checks, reflection and the router's background polls of engines (GetLoad, GetModelInfo
-without a caller's trace context) are not traced: they would bury requests in noise. The engine's
-GenerateStream and the tokenizer's DetokenizeStream carry many requests' streams, each with its trace
-context in its request: their spans are opened per carried stream, none for the carrier.
+without a caller's trace context) are not traced: they would bury requests in noise. The router's and
+the engine's GenerateStream and the tokenizer's DetokenizeStream carry many requests' streams, each with
+its trace context in its request: their spans are opened per carried stream, none for the carrier.
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ _UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 _POLLS = frozenset({"/turnout.v1.Engine/GetLoad", "/turnout.v1.Engine/GetModelInfo"})
 # Streams that carry many requests' streams: each carried one's span is opened from the trace context
 # in its request (turnout/carried_streams.py), never one span for the carrier.
-_CARRIERS = frozenset({"/turnout.v1.Engine/GenerateStream", "/turnout.v1.Tokenizer/DetokenizeStream"})
+_CARRIERS = frozenset(
+    {
+        "/turnout.v1.Inference/GenerateStream",
+        "/turnout.v1.Engine/GenerateStream",
+        "/turnout.v1.Tokenizer/DetokenizeStream",
+    }
+)
 # Status codes that say the server failed (the span is an error), as OpenTelemetry's gRPC conventions.
 _SERVER_FAULTS = frozenset(
     {

@@ -1,0 +1,205 @@
+"""The gateway's Generate calls carried by one Inference.GenerateStream: each reads like its own call.
+
+Against the fake router over real gRPC (its GenerateStream runs its Generate per carried stream, as
+the router's does); the router's own carrier (draining, its Generate) is in tests/router."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc import aio
+
+from gateway.generate_carrier import CarriedGenerate, GenerateCarrier
+from tests.gateway.conftest import FakeRouter, chunk, complete, default_script
+from turnout.grpc_server import client_channel
+from turnout.v1 import inference_pb2, inference_pb2_grpc, router_admin_pb2_grpc
+
+# Generous: a busy machine slows every exchange, never the outcome.
+WAIT_S = 60.0
+
+
+class CountingRouter(FakeRouter):
+    """Records the messages its carriers' answers came in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[inference_pb2.GenerateStreamResponse] = []
+
+    async def GenerateStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for message in super().GenerateStream(requests, context):
+            self.messages.append(message)
+            yield message
+
+
+@pytest.fixture
+async def router() -> AsyncIterator[CountingRouter]:
+    server = aio.server()
+    fake = CountingRouter()
+    inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
+    router_admin_pb2_grpc.add_RouterAdminServicer_to_server(fake.admin, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fake.address = f"127.0.0.1:{port}"
+    yield fake
+    await server.stop(0)
+
+
+@pytest.fixture
+async def stub(router: CountingRouter) -> AsyncIterator[inference_pb2_grpc.InferenceStub]:
+    async with client_channel(router.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
+
+
+async def _read_all(call: Any) -> list[inference_pb2.GenerateResponse]:
+    responses = []
+    while (response := await asyncio.wait_for(call.read(), WAIT_S)) is not aio.EOF:
+        responses.append(response)
+    return responses
+
+
+async def _error_of(call: CarriedGenerate) -> aio.AioRpcError:
+    with pytest.raises(aio.AioRpcError) as caught:
+        await _read_all(call)
+    return caught.value
+
+
+def _request(request_id: str, n: int = 1) -> inference_pb2.GenerateRequest:
+    request = inference_pb2.GenerateRequest(request_id=request_id, accept_batches=True)
+    if n != 1:
+        request.sampling_params.n = n
+    return request
+
+
+async def _eventually(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "not within the deadline"
+        await asyncio.sleep(0.01)
+
+
+async def test_streams_share_one_carrier_and_read_like_their_own_calls(
+    router: CountingRouter, stub: inference_pb2_grpc.InferenceStub
+) -> None:
+    expected = await _read_all(stub.Generate(_request("alone", n=2)))
+    carrier = GenerateCarrier(stub)
+    calls = [carrier.generate(_request(f"r{i}", n=2), timeout_s=None) for i in range(8)]
+    results = await asyncio.gather(*(_read_all(call) for call in calls))
+    assert all(result == expected for result in results)  # the same messages, in the same order
+    assert router.carriers == 1
+    # The 8 streams started in one turn went out together, and their answers shared messages.
+    assert len(router.messages) < sum(len(r) + 1 for r in results)
+    assert max(len(m.items) for m in router.messages) > 1
+    await carrier.close()
+
+
+async def test_a_refusal_ends_its_stream_with_its_status_and_spares_the_others(
+    router: CountingRouter, stub: inference_pb2_grpc.InferenceStub
+) -> None:
+    async def script(request: Any, context: Any) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        if request.request_id == "bad":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0")
+        async for response in default_script(request, context):
+            yield response
+
+    router.script = script
+    carrier = GenerateCarrier(stub)
+    good, bad = carrier.generate(_request("good"), None), carrier.generate(_request("bad"), None)
+    error = await _error_of(bad)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and error.details() == "temperature must be >= 0"
+    assert [r.WhichOneof("kind") for r in await _read_all(good)][-1] == "complete"
+    # An unknown model: the fake's own refusal, NOT_FOUND as its call would end.
+    unknown = inference_pb2.GenerateRequest(model="other")
+    assert (await _error_of(carrier.generate(unknown, None))).code() is grpc.StatusCode.NOT_FOUND
+    assert router.carriers == 1
+    await carrier.close()
+
+
+async def _forever(request: Any, context: Any) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    yield chunk(0, "Hello", (11,), completion=1)
+    await asyncio.sleep(3600)
+    yield complete(0, token_id=2)
+
+
+async def test_cancel_stops_the_stream_on_the_router(
+    router: CountingRouter, stub: inference_pb2_grpc.InferenceStub
+) -> None:
+    router.script = _forever
+    carrier = GenerateCarrier(stub)
+    call = carrier.generate(_request("r"), None)
+    other = carrier.generate(_request("other"), None)
+    assert (await call.read()).chunk.text == "Hello"
+    assert call.cancel() and not call.cancel()
+    await asyncio.wait_for(router.cancelled.wait(), WAIT_S)
+    assert (await _error_of(call)).code() is grpc.StatusCode.CANCELLED
+    assert (await other.read()).chunk.text == "Hello"  # the carrier and the other stream go on
+    other.cancel()
+    await carrier.close()
+
+
+async def test_the_deadline_cancels_the_stream_as_a_calls_deadline_does(
+    router: CountingRouter, stub: inference_pb2_grpc.InferenceStub
+) -> None:
+    router.script = _forever
+    carrier = GenerateCarrier(stub)
+    call = carrier.generate(_request("r"), timeout_s=0.3)
+    assert (await call.read()).chunk.text == "Hello"
+    assert (await _error_of(call)).code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.wait_for(router.cancelled.wait(), WAIT_S)  # and the router stopped generating
+    # A stream that ended in time keeps no timer that could fail it later.
+    router.script = default_script
+    done = carrier.generate(_request("quick"), timeout_s=0.3)
+    responses = await _read_all(done)
+    await asyncio.sleep(0.5)
+    assert await done.read() is aio.EOF and responses[-1].WhichOneof("kind") == "complete"
+    await carrier.close()
+
+
+async def test_a_lost_router_fails_its_streams_and_the_next_request_opens_a_new_carrier() -> None:
+    fake = CountingRouter()
+    server = aio.server()
+    inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fake.script = _forever
+    async with client_channel(f"127.0.0.1:{port}") as channel:
+        carrier = GenerateCarrier(inference_pb2_grpc.InferenceStub(channel))
+        calls = [carrier.generate(_request(f"r{i}"), None) for i in range(3)]
+        for call in calls:
+            assert (await call.read()).chunk.text == "Hello"
+        await server.stop(0)
+        for call in calls:
+            assert (await _error_of(call)).code() is grpc.StatusCode.UNAVAILABLE
+        server = aio.server()
+        inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        fake.script = default_script
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while True:  # the channel reconnects; until then a new carrier fails at once, UNAVAILABLE
+                try:
+                    responses = await _read_all(carrier.generate(_request("again"), None))
+                    break
+                except aio.AioRpcError as exc:
+                    assert exc.code() is grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+            assert responses[-1].WhichOneof("kind") == "complete"
+            assert fake.carriers >= 2
+        finally:
+            await carrier.close()
+            await server.stop(0)
+
+
+async def test_http_requests_go_over_one_carrier(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
+    """The gateway's own client: every HTTP request's Generate is carried (one GenerateStream for all)."""
+    replies = await asyncio.gather(
+        *(client.post("/v1/completions", json={"prompt": "hi", "stream": i % 2 == 0}) for i in range(6))
+    )
+    assert all(reply.status_code == 200 for reply in replies), [r.text for r in replies]
+    assert len(fake_router.requests) == 6 and fake_router.carriers == 1
