@@ -6,10 +6,11 @@ Carried by one stream, what the router has ready for every request comes as one 
 requests that start while the gateway works go out as one.
 
 `GenerateCarrier.generate(request, timeout_s)` returns a `CarriedGenerate` that reads like the
-Generate call it replaces: `read()` gives each response, then `aio.EOF`; a stream that ended with an
+Generate call it replaces: `read()` gives each response, then None; a stream that ended with an
 error raises that status as an `aio.AioRpcError`; `cancel()` stops it on the router. The deadline is
 kept here: when it passes, the stream is cancelled on the router and `read()` raises
-DEADLINE_EXCEEDED, as the call's would. So `Generation` and `RouterClient`'s retry work unchanged.
+DEADLINE_EXCEEDED, as the call's would. So `Generation` reads it as it read calls, and `RouterClient`'s
+retry works unchanged (turnout/carrier_client.py has the reading side every carrier shares).
 
 The carrier is opened with the first request and kept. When it breaks (the router died, restarted or
 stopped), every stream on it fails with the carrier's status, as their own calls would have, and the
@@ -20,161 +21,39 @@ stream, so it never waits for one).
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
-import contextvars
 import itertools
-from collections.abc import AsyncIterator
-from typing import TypeAlias
 
-import grpc
-from grpc import aio
-
-from turnout.carried_streams import call_error, current_trace_context, end_error
+from turnout.carried_streams import current_trace_context
+from turnout.carrier_client import CarriedCall, ResponseStreamsCall
 from turnout.v1 import inference_pb2, inference_pb2_grpc
 
-# A carried stream's end as `read` gives it: aio.EOF, or the error it ended with.
-_End: TypeAlias = aio.AioRpcError | object
+CarriedGenerate = CarriedCall[inference_pb2.GenerateResponse]
 
 
-class CarriedGenerate:
-    """One Generate stream on the carrier, read like its own call."""
-
-    def __init__(self, session: _Session, stream_id: int) -> None:
-        self._session = session
-        self._stream_id = stream_id
-        # Delivered, not read yet: responses, then at most one end (aio.EOF or the error), which stays.
-        self._items: collections.deque[inference_pb2.GenerateResponse | _End] = collections.deque()
-        self._arrived: asyncio.Future[None] | None = None
-        self._ended = False
-        self._deadline: asyncio.TimerHandle | None = None
-
-    async def read(self) -> inference_pb2.GenerateResponse | object:
-        """The next response, or aio.EOF after the last; raises the stream's error status."""
-        while not self._items:
-            self._arrived = asyncio.get_running_loop().create_future()
-            await self._arrived
-        item = self._items[0]
-        if item is aio.EOF:
-            return item
-        if isinstance(item, aio.AioRpcError):
-            raise item
-        return self._items.popleft()
-
-    def cancel(self) -> bool:
-        """Stop the stream on the router; what was delivered and not read is dropped, and a read raises
-        CANCELLED. False when it had ended already."""
-        return self._stop(call_error(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
-
-    def _expire(self) -> None:
-        self._stop(call_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
-
-    def _stop(self, error: aio.AioRpcError) -> bool:
-        if self._ended:
-            return False
-        self._finish(error)
-        self._items.clear()
-        self._items.append(error)
-        self._session.cancel(self._stream_id)
-        return True
-
-    def _put(self, item: inference_pb2.GenerateResponse | _End) -> None:
-        self._items.append(item)
-        if self._arrived is not None and not self._arrived.done():
-            self._arrived.set_result(None)
-
-    def _deliver(self, answer: inference_pb2.GenerateStreamAnswer) -> None:
-        if answer.WhichOneof("kind") == "response":
-            self._put(answer.response)
-            return
-        self._finish(None)
-        self._put(end_error(answer.end) or aio.EOF)
-
-    def _fail(self, error: aio.AioRpcError) -> None:
-        if not self._ended:
-            self._finish(error)
-            self._put(error)
-
-    def _finish(self, error: aio.AioRpcError | None) -> None:
-        self._ended = True
-        if self._deadline is not None:
-            self._deadline.cancel()
-        if error is not None and self._arrived is not None and not self._arrived.done():
-            self._arrived.set_result(None)
-
-
-class _Session:
-    """One open GenerateStream and the streams on it."""
+class _Session(ResponseStreamsCall[inference_pb2.GenerateStreamRequest, inference_pb2.GenerateResponse]):
+    """One open GenerateStream and the streams on it, named by this side's stream ids."""
 
     def __init__(self, carrier: GenerateCarrier, stub: inference_pb2_grpc.InferenceStub) -> None:
-        self._carrier = carrier
-        self.streams: dict[int, CarriedGenerate] = {}
-        self._outgoing = inference_pb2.GenerateStreamRequest()
-        self._due = asyncio.Event()
-        self._error: aio.AioRpcError | None = None
-        # Opened outside the request that happens to come first: the carrier belongs to no request (its
-        # metadata carries no trace context, and its tasks no request's context variables).
-        context = contextvars.Context()
-        self._call = context.run(stub.GenerateStream, self._send())
-        self._reader = asyncio.get_running_loop().create_task(self._read(), context=context)
+        super().__init__(
+            stub.GenerateStream,
+            inference_pb2.GenerateStreamRequest,
+            "the router's GenerateStream",
+            key_field="stream_id",
+            on_broken=lambda: carrier._ended(self),
+        )
 
     def start(self, stream_id: int, request: inference_pb2.GenerateRequest, timeout_s: float | None) -> CarriedGenerate:
-        stream = CarriedGenerate(self, stream_id)
-        if self._error is not None:
-            stream._fail(self._error)
-            return stream
-        self.streams[stream_id] = stream
-        command = self._outgoing.items.add(stream_id=stream_id, trace_context=current_trace_context())
+        stream = self.open_stream(stream_id, lambda: self._cancel(stream_id))
+        command = self.outgoing.items.add(stream_id=stream_id, trace_context=current_trace_context())
         command.generate.CopyFrom(request)
-        self._due.set()
-        if timeout_s is not None:
-            stream._deadline = asyncio.get_running_loop().call_later(timeout_s, stream._expire)
+        self.due()
+        stream.set_deadline(timeout_s)
         return stream
 
-    def cancel(self, stream_id: int) -> None:
-        if self.streams.pop(stream_id, None) is not None and self._error is None:
-            self._outgoing.items.add(stream_id=stream_id, cancel=True)
-            self._due.set()
-
-    async def close(self) -> None:
-        self._call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-
-    async def _send(self) -> AsyncIterator[inference_pb2.GenerateStreamRequest]:
-        while self._error is None:
-            await self._due.wait()
-            await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
-            self._due.clear()
-            if self._outgoing.items:
-                message, self._outgoing = self._outgoing, inference_pb2.GenerateStreamRequest()
-                yield message
-
-    async def _read(self) -> None:
-        error: aio.AioRpcError | None = None
-        try:
-            async for message in self._call:
-                streams = self.streams
-                for answer in message.items:
-                    stream = streams.get(answer.stream_id)
-                    if stream is None:
-                        continue  # cancelled here; what the router sent before the cancel reached it
-                    if answer.WhichOneof("kind") == "end":
-                        del streams[answer.stream_id]
-                    stream._deliver(answer)
-        except aio.AioRpcError as exc:
-            error = exc
-        except asyncio.CancelledError:
-            error = call_error(grpc.StatusCode.CANCELLED, "the gateway closed the router stream")
-            raise
-        finally:
-            self._error = error or call_error(grpc.StatusCode.UNAVAILABLE, "the router ended its GenerateStream")
-            self._due.set()  # the sender sees the error and ends
-            self._carrier._ended(self)
-            for stream in self.streams.values():
-                stream._fail(self._error)
-            self.streams.clear()
+    def _cancel(self, stream_id: int) -> None:
+        if self.forget(stream_id):
+            self.outgoing.items.add(stream_id=stream_id, cancel=True)
+            self.due()
 
 
 class GenerateCarrier:

@@ -20,11 +20,11 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from grpc import aio
 from starlette.requests import Request
 
 from gateway import metrics
 from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
+from gateway.generate_carrier import CarriedGenerate
 from turnout.v1 import common_pb2, inference_pb2
 
 T = TypeVar("T")
@@ -113,7 +113,7 @@ class Generation:
             # Sent with the first response of the prompt's call, when the request asked for them (a call
             # that ended at once has none, and fails as a sample that never finished).
             first = firsts[sample.prompt]
-            sample.prompt_token_ids = [] if first is aio.EOF else list(first.prompt_token_ids)
+            sample.prompt_token_ids = [] if first is None else list(first.prompt_token_ids)
         # A sample's last chunk, held until its Complete (the router's next message for it) arrives.
         self._last_chunks: dict[int, Event] = {}
         # While events() runs: the router's messages received and not read yet, and the responses of the
@@ -124,11 +124,11 @@ class Generation:
     @classmethod
     async def start(
         cls,
-        open_call: Callable[[inference_pb2.GenerateRequest], Any],
+        open_call: Callable[[inference_pb2.GenerateRequest], CarriedGenerate],
         requests: Sequence[inference_pb2.GenerateRequest],
     ) -> Generation:
-        """Start one call per request (`open_call`: a Generate call, or what reads like one: `read()`
-        to aio.EOF, `cancel()`) and wait for each one's first response.
+        """Start one Generate stream per request (`open_call`; gateway/generate_carrier.py) and wait for
+        each one's first response.
 
         Waiting for the first response lets an error the router reports up
         front (unknown model, bad parameter, overload) become the HTTP status,
@@ -198,7 +198,7 @@ class Generation:
         call = self._calls[prompt]
         try:
             response = self._firsts[prompt]
-            while response is not aio.EOF:
+            while response is not None:
                 await queue.put((prompt, response))
                 response = await call.read()
             await queue.put((prompt, None))

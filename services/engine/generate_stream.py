@@ -38,13 +38,13 @@ class GenerateStreams(CarrierServer):
         self._service = service
 
     async def serve(
-        self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]
+        self, commands: AsyncIterator[engine_pb2.EngineStreamCommands]
     ) -> AsyncIterator[engine_pb2.EngineStreamOutputs]:
         async for outputs in self._serve(_Stream(self), commands):
             yield outputs
 
 
-class _Stream(ResponseStreams[engine_pb2.EngineStreamCommand, engine_pb2.EngineStreamOutputs]):
+class _Stream(ResponseStreams[engine_pb2.EngineStreamCommands, engine_pb2.EngineStreamOutputs]):
     """One GenerateStream call: its requests, named by their request ids."""
 
     def __init__(self, owner: GenerateStreams) -> None:
@@ -58,14 +58,15 @@ class _Stream(ResponseStreams[engine_pb2.EngineStreamCommand, engine_pb2.EngineS
         )
         self._owner = owner
 
-    async def read(self, commands: AsyncIterator[engine_pb2.EngineStreamCommand]) -> None:
-        async for command in commands:
-            kind = command.WhichOneof("kind")
-            if kind == "generate":
-                request = command.generate
-                self.start(request.request_id, self._responses(request), request.trace_context)
-            elif kind == "abort":
-                self.stop(command.abort.request_id)
+    async def read(self, messages: AsyncIterator[engine_pb2.EngineStreamCommands]) -> None:
+        async for message in messages:
+            for command in message.items:
+                kind = command.WhichOneof("kind")
+                if kind == "generate":
+                    request = command.generate
+                    self.start(request.request_id, self._responses(request), request.trace_context)
+                elif kind == "abort":
+                    self.stop(command.abort.request_id)
 
     def _responses(
         self, request: engine_pb2.EngineGenerateRequest

@@ -39,7 +39,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             yield response
 
     async def GenerateStream(
-        self, commands: AsyncIterator[engine_pb2.EngineStreamCommand], context: aio.ServicerContext
+        self, commands: AsyncIterator[engine_pb2.EngineStreamCommands], context: aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.EngineStreamOutputs]:
         async for outputs in self._streams.serve(commands):
             yield outputs

@@ -15,14 +15,12 @@ and the next sample opens a new carrier.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-from collections.abc import AsyncIterator
 
-import grpc
 from grpc import aio
 
-from turnout.carried_streams import call_error, end_error
+from turnout.carried_streams import end_error
+from turnout.carrier_client import CarrierCall
 from turnout.errors import Unavailable
 from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -43,83 +41,57 @@ class CarriedDetokenize:
         """Nothing more is needed of this stream (the tokenizer drops it)."""
         if not self._closed:
             self._closed = True
-            self._carrier.close(self._id)
+            self._carrier.close_stream(self._id)
 
 
-class _Carrier:
+class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
     """One open DetokenizeStream and the exchanges waiting on it."""
 
     def __init__(self, mux: DetokenizeMux, stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
         self._mux = mux
         self._waiting: dict[int, asyncio.Future[tokenizer_pb2.DetokenizeResponse]] = {}
-        self._outgoing = tokenizer_pb2.DetokenizeStreamRequest()
-        self._due = asyncio.Event()
-        self._error: aio.AioRpcError | None = None
-        self._call = stub.DetokenizeStream(self._send())
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        super().__init__(
+            stub.DetokenizeStream, tokenizer_pb2.DetokenizeStreamRequest, "the tokenizer's DetokenizeStream"
+        )
 
     async def exchange(
         self, stream_id: int, request: tokenizer_pb2.DetokenizeRequest
     ) -> tokenizer_pb2.DetokenizeResponse:
-        if self._error is not None:
-            raise self._error
+        if self.error is not None:
+            raise self.error
         answer: asyncio.Future[tokenizer_pb2.DetokenizeResponse] = asyncio.get_running_loop().create_future()
         self._waiting[stream_id] = answer
-        item = self._outgoing.items.add()
+        item = self.outgoing.items.add()
         item.stream_id = stream_id
         item.request.CopyFrom(request)
-        self._due.set()
+        self.due()
         try:
             return await answer
         finally:
             if self._waiting.get(stream_id) is answer:
                 del self._waiting[stream_id]
 
-    def close(self, stream_id: int) -> None:
-        if self._error is None:
-            self._outgoing.items.add(stream_id=stream_id, close=True)
-            self._due.set()
+    def close_stream(self, stream_id: int) -> None:
+        if self.error is None:
+            self.outgoing.items.add(stream_id=stream_id, close=True)
+            self.due()
 
-    async def aclose(self) -> None:
-        self._call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+    def deliver(self, answer: tokenizer_pb2.DetokenizeStreamAnswer) -> None:
+        waiting = self._waiting.pop(answer.stream_id, None)
+        if waiting is None or waiting.done():
+            return  # the end of a stream this side closed
+        if answer.WhichOneof("kind") == "response":
+            waiting.set_result(answer.response)
+        else:
+            refusal = end_error(answer.end)
+            waiting.set_exception(refusal or Unavailable("tokenizer closed the detokenize stream early"))
 
-    async def _send(self) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]:
-        while self._error is None:
-            await self._due.wait()
-            await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
-            self._due.clear()
-            if self._outgoing.items:
-                message, self._outgoing = self._outgoing, tokenizer_pb2.DetokenizeStreamRequest()
-                yield message
-
-    async def _read(self) -> None:
-        error: aio.AioRpcError | None = None
-        try:
-            async for message in self._call:
-                for answer in message.items:
-                    waiting = self._waiting.pop(answer.stream_id, None)
-                    if waiting is None or waiting.done():
-                        continue  # the end of a stream this side closed
-                    if answer.WhichOneof("kind") == "response":
-                        waiting.set_result(answer.response)
-                    else:
-                        refusal = end_error(answer.end)
-                        waiting.set_exception(refusal or Unavailable("tokenizer closed the detokenize stream early"))
-        except aio.AioRpcError as exc:
-            error = exc
-        except asyncio.CancelledError:
-            error = call_error(grpc.StatusCode.CANCELLED, "the router closed the detokenize stream")
-            raise
-        finally:
-            self._error = error or call_error(grpc.StatusCode.UNAVAILABLE, "the tokenizer ended its DetokenizeStream")
-            self._due.set()  # the sender sees the error and ends
-            self._mux._ended(self)
-            for waiting in self._waiting.values():
-                if not waiting.done():
-                    waiting.set_exception(self._error)
-            self._waiting.clear()
+    def broken(self, error: aio.AioRpcError) -> None:
+        self._mux._ended(self)
+        for waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(error)
+        self._waiting.clear()
 
 
 class DetokenizeMux:
@@ -138,7 +110,7 @@ class DetokenizeMux:
 
     async def close(self) -> None:
         if self._carrier is not None:
-            await self._carrier.aclose()
+            await self._carrier.close()
 
     def _ended(self, carrier: _Carrier) -> None:
         if self._carrier is carrier:

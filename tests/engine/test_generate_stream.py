@@ -42,13 +42,13 @@ class _Caller:
     """One GenerateStream call: commands in through a queue, every message out collected."""
 
     def __init__(self, servicer: EngineServicer) -> None:
-        self._commands: asyncio.Queue[engine_pb2.EngineStreamCommand | None] = asyncio.Queue()
+        self._commands: asyncio.Queue[engine_pb2.EngineStreamCommands | None] = asyncio.Queue()
         self.messages: list[engine_pb2.EngineStreamOutputs] = []
         self.by_request: dict[str, list[engine_pb2.EngineStreamItem]] = {}
         self.task = asyncio.create_task(self._run(servicer))
 
     def send(self, **command: Any) -> None:
-        self._commands.put_nowait(engine_pb2.EngineStreamCommand(**command))
+        self._commands.put_nowait(engine_pb2.EngineStreamCommands(items=[engine_pb2.EngineStreamCommand(**command)]))
 
     def close(self) -> None:
         self._commands.put_nowait(None)
@@ -61,7 +61,7 @@ class _Caller:
             await asyncio.sleep(0.01)
         return self.by_request[request_id][-1].end
 
-    async def _requests(self) -> AsyncIterator[engine_pb2.EngineStreamCommand]:
+    async def _requests(self) -> AsyncIterator[engine_pb2.EngineStreamCommands]:
         while (command := await self._commands.get()) is not None:
             yield command
 

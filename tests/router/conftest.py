@@ -69,6 +69,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         # While set, streams wait before their last message until it is released.
         self.hold: asyncio.Event | None = None
         self.received: list[engine_pb2.EngineGenerateRequest] = []
+        # How many commands each GenerateStream message carried.
+        self.command_messages: list[int] = []
         self.active = 0
         self.cancelled = 0
         self._server: aio.Server | None = None
@@ -109,8 +111,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             await context.abort(exc.code, str(exc))
 
     async def GenerateStream(self, commands: Any, context: Any) -> AsyncIterator[Any]:
-        async for outputs in self._streams.serve(commands):
+        async for outputs in self._streams.serve(self._counted(commands)):
             yield outputs
+
+    async def _counted(self, messages: Any) -> AsyncIterator[Any]:
+        async for message in messages:
+            self.command_messages.append(len(message.items))
+            yield message
 
     async def _generate(self, request: Any) -> AsyncIterator[Any]:
         self.received.append(request)

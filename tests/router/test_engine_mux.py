@@ -48,7 +48,8 @@ async def test_requests_share_one_stream_and_read_like_their_own_calls(engine: F
             assert tokens == [100, 101, 102, 103]
             assert responses[-1].HasField("complete")
         assert [r.request_id for r in engine.received] == ["r0", "r1", "r2"]
-        assert mux._session is not None and not mux._session.calls  # every request has ended
+        assert engine.command_messages == [3]  # started in one turn: one message
+        assert mux._session is not None and not mux._session.streams  # every request has ended
         await mux.close()
 
 

@@ -1,0 +1,228 @@
+"""The calling side of a carrier (Inference.GenerateStream from the gateway, Engine.GenerateStream and
+Tokenizer.DetokenizeStream from the router): one long-lived call that carries many streams.
+
+`CarrierCall` is one open carrier call (`ResponseStreamsCall`: one whose carried streams are each a
+server stream, as Generate's are). Commands for any carried stream are added to `outgoing` (a
+message with repeated `items`), and what is due goes out as one message after one turn of the event
+loop, so the streams that start or move on in the same turn share a write. Every answer read is handed
+to `deliver`. When the call ends or breaks (the server died, restarted or stopped), `broken` runs once,
+with the status every stream still on it fails with, as their own calls would have failed.
+
+`CarriedCall` is one carried server-streaming stream read like its own call: `read()` gives each
+response, then None (where a call gives `aio.EOF`); a stream that ended with an error raises that
+status as an `aio.AioRpcError`;
+`ready()` takes everything that arrived while its reader was busy; `cancel()` stops it on the server. So
+the code that read calls reads carried streams unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+
+import grpc
+from grpc import aio
+
+from turnout.carried_streams import call_error, end_error
+from turnout.v1 import common_pb2
+
+
+class _Message(Protocol):
+    @property
+    def items(self) -> Any: ...
+
+
+Outgoing = TypeVar("Outgoing", bound=_Message)
+Response = TypeVar("Response")
+
+# A carried stream's end, delivered and not read yet: _EOF, or the error it ended with.
+_EOF = object()
+_End: TypeAlias = aio.AioRpcError | object
+
+
+class CarrierCall(Generic[Outgoing]):
+    """One open carrier call; subclasses say what an answer does (`deliver`) and what a broken call
+    does to the streams on it (`broken`)."""
+
+    def __init__(
+        self, open_call: Callable[[AsyncIterator[Outgoing]], Any], new_outgoing: Callable[[], Outgoing], what: str
+    ) -> None:
+        self._new_outgoing = new_outgoing
+        self._what = what  # names the carrier in its errors: "the engine's GenerateStream"
+        self.outgoing = new_outgoing()
+        self.error: aio.AioRpcError | None = None
+        self._due = asyncio.Event()
+        # Opened outside the request that happens to come first: the carrier belongs to no request (its
+        # metadata carries no trace context, and its tasks no request's context variables).
+        context = contextvars.Context()
+        self._call = context.run(open_call, self._send())
+        self._reader = asyncio.get_running_loop().create_task(self._read(), context=context)
+
+    def due(self) -> None:
+        """`outgoing` has items to send: they go out after one turn of the loop."""
+        self._due.set()
+
+    def deliver(self, answer: Any) -> None:
+        raise NotImplementedError
+
+    def broken(self, error: aio.AioRpcError) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    async def _send(self) -> AsyncIterator[Outgoing]:
+        while self.error is None:
+            await self._due.wait()
+            await asyncio.sleep(0)  # one turn of the loop: what is already runnable adds its part first
+            self._due.clear()
+            if self.outgoing.items:
+                message, self.outgoing = self.outgoing, self._new_outgoing()
+                yield message
+
+    async def _read(self) -> None:
+        error: aio.AioRpcError | None = None
+        try:
+            async for message in self._call:
+                for answer in message.items:
+                    self.deliver(answer)
+        except aio.AioRpcError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = call_error(grpc.StatusCode.CANCELLED, f"{self._what} was closed by this side")
+            raise
+        finally:
+            self.error = error or call_error(grpc.StatusCode.UNAVAILABLE, f"the server ended {self._what}")
+            self._due.set()  # the sender sees the error and ends
+            self.broken(self.error)
+
+
+class CarriedCall(Generic[Response]):
+    """One carried stream, read like its own server-streaming call. `on_cancel` tells the server."""
+
+    def __init__(self, on_cancel: Callable[[], None]) -> None:
+        self._on_cancel = on_cancel
+        # Delivered, not read yet: responses, then at most one end (_EOF or the error), which stays.
+        self._items: collections.deque[Response | _End] = collections.deque()
+        self._arrived: asyncio.Future[None] | None = None
+        self._ended = False
+        self._deadline: asyncio.TimerHandle | None = None
+
+    async def read(self) -> Response | None:
+        """The next response, or None after the last; raises the stream's error status."""
+        while not self._items:
+            self._arrived = asyncio.get_running_loop().create_future()
+            await self._arrived
+        item = self._items[0]
+        if item is _EOF:
+            return None
+        if isinstance(item, aio.AioRpcError):
+            raise item
+        return self._items.popleft()  # type: ignore[return-value]
+
+    def ready(self) -> list[Response]:
+        """The responses that have arrived and are not read yet, without waiting (the end stays for
+        `read`): everything the server sent while this stream's reader was busy."""
+        out: list[Response] = []
+        items = self._items
+        while items and items[0] is not _EOF and not isinstance(items[0], aio.AioRpcError):
+            out.append(items.popleft())  # type: ignore[arg-type]
+        return out
+
+    def cancel(self) -> bool:
+        """Stop the stream on the server; what was delivered and not read is dropped, and a read raises
+        CANCELLED. False when it had ended already."""
+        return self._stop(call_error(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
+
+    def set_deadline(self, timeout_s: float | None) -> None:
+        """Give the stream a call's deadline: once `timeout_s` has passed it is cancelled on the server and
+        a read raises DEADLINE_EXCEEDED."""
+        if timeout_s is not None:
+            self._deadline = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+
+    def respond(self, response: Response) -> None:
+        self._put(response)
+
+    def end(self, end: common_pb2.StreamEnd) -> None:
+        """The server ended the stream: OK, or with the status its call would have ended with."""
+        self._finish()
+        self._put(end_error(end) or _EOF)
+
+    def fail(self, error: aio.AioRpcError) -> None:
+        """The carrier broke under the stream."""
+        if not self._ended:
+            self._finish()
+            self._put(error)
+
+    def _expire(self) -> None:
+        self._stop(call_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    def _stop(self, error: aio.AioRpcError) -> bool:
+        if self._ended:
+            return False
+        self._finish()
+        self._items.clear()
+        self._put(error)
+        self._on_cancel()
+        return True
+
+    def _put(self, item: Response | _End) -> None:
+        self._items.append(item)
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+
+    def _finish(self) -> None:
+        self._ended = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+
+
+class ResponseStreamsCall(CarrierCall[Outgoing], Generic[Outgoing, Response]):
+    """A carrier call whose carried streams are each a server stream (`CarriedCall`), named in its answers
+    by `key_field`; `on_broken` runs once the call has broken, before its streams fail."""
+
+    def __init__(
+        self,
+        open_call: Callable[[AsyncIterator[Outgoing]], Any],
+        new_outgoing: Callable[[], Outgoing],
+        what: str,
+        *,
+        key_field: str,
+        on_broken: Callable[[], None],
+    ) -> None:
+        self.streams: dict[Any, CarriedCall[Response]] = {}
+        self._key_field = key_field
+        self._on_broken = on_broken
+        super().__init__(open_call, new_outgoing, what)
+
+    def open_stream(self, key: Any, on_cancel: Callable[[], None]) -> CarriedCall[Response]:
+        stream: CarriedCall[Response] = CarriedCall(on_cancel)
+        self.streams[key] = stream
+        return stream
+
+    def forget(self, key: Any) -> bool:
+        """Drop the stream `key` (it was cancelled here); False when it had ended or was unknown."""
+        return self.streams.pop(key, None) is not None and self.error is None
+
+    def deliver(self, answer: Any) -> None:
+        key = getattr(answer, self._key_field)
+        stream = self.streams.get(key)
+        if stream is None:
+            return  # cancelled here; what the server sent before the cancel reached it
+        if answer.WhichOneof("kind") == "response":
+            stream.respond(answer.response)
+        else:
+            del self.streams[key]
+            stream.end(answer.end)
+
+    def broken(self, error: aio.AioRpcError) -> None:
+        self._on_broken()
+        for stream in self.streams.values():
+            stream.fail(error)
+        self.streams.clear()
