@@ -39,6 +39,7 @@ class _Session(ResponseStreamsCall[inference_pb2.GenerateStreamRequest, inferenc
             inference_pb2.GenerateStreamRequest,
             "the router's GenerateStream",
             key_field="stream_id",
+            key_of_command=lambda command: command.stream_id,
             on_broken=lambda: carrier._ended(self),
         )
 

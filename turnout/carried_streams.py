@@ -31,9 +31,11 @@ from turnout.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 # The most one carrier message carries: half what a channel takes (MAX_MESSAGE_BYTES), so a message
-# never nears the limit; the framing of an item (tag, length) is a few bytes (_ITEM_OVERHEAD).
+# never nears the limit; the framing of an item (tag, length) is a few bytes (ITEM_OVERHEAD).
 MESSAGE_BUDGET = MAX_MESSAGE_BYTES // 2
-_ITEM_OVERHEAD = 16
+ITEM_OVERHEAD = 16
+# The most one item may be: alone in a message, it may use all of a message but its framing.
+ITEM_LIMIT = MAX_MESSAGE_BYTES - 64
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 # Codes that say the server failed: the span is an error (as the tracing interceptor's).
@@ -275,13 +277,13 @@ class ResponseStreams(Carrier[Request, Batch]):
             key = getattr(item, self._key_field)
             if key in refused:
                 continue  # ended: nothing follows its end
-            item_size = item.ByteSize() + _ITEM_OVERHEAD
+            item_size = item.ByteSize() + ITEM_OVERHEAD
             if item_size > MESSAGE_BUDGET:
                 refused.add(key)
                 self.stop(key)
                 item = self._new_item(key)
                 set_end(item.end, self._too_big(item_size), self._method)
-                item_size = item.ByteSize() + _ITEM_OVERHEAD
+                item_size = item.ByteSize() + ITEM_OVERHEAD
             if part.items and size + item_size > MESSAGE_BUDGET:
                 yield part
                 part, size = self._new_batch(), 0

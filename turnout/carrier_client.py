@@ -4,15 +4,18 @@ Tokenizer.DetokenizeStream from the router): one long-lived call that carries ma
 `CarrierCall` is one open carrier call (`ResponseStreamsCall`: one whose carried streams are each a
 server stream, as Generate's are). Commands for any carried stream are added to `outgoing` (a
 message with repeated `items`), and what is due goes out as one message after one turn of the event
-loop, so the streams that start or move on in the same turn share a write. Every answer read is handed
-to `deliver`. When the call ends or breaks (the server died, restarted or stopped), `broken` runs once,
-with the status every stream still on it fails with, as their own calls would have failed.
+loop, so the streams that start or move on in the same turn share a write. Past MESSAGE_BUDGET bytes
+the write is split: many streams' commands together must never make a message the server refuses,
+which would break the carrier under all of them; a command over ITEM_LIMIT on its own is not sent,
+and only its stream fails (`refuse`, RESOURCE_EXHAUSTED), as its own call's message would have.
+Every answer read is handed to `deliver`. When the call ends or breaks (the server died, restarted
+or stopped), `broken` runs once, with the status every stream still on it fails with, as their own
+calls would have failed.
 
 `CarriedCall` is one carried server-streaming stream read like its own call: `read()` gives each
 response, then None (where a call gives `aio.EOF`); a stream that ended with an error raises that
-status as an `aio.AioRpcError`;
-`ready()` takes everything that arrived while its reader was busy; `cancel()` stops it on the server. So
-the code that read calls reads carried streams unchanged.
+status as an `aio.AioRpcError`; `ready()` takes everything that arrived while its reader was busy;
+`cancel()` stops it on the server. So the code that read calls reads carried streams alike.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 import grpc
 from grpc import aio
 
+from turnout import carried_streams
 from turnout.carried_streams import call_error, end_error
 from turnout.v1 import common_pb2
 
@@ -34,6 +38,8 @@ from turnout.v1 import common_pb2
 class _Message(Protocol):
     @property
     def items(self) -> Any: ...
+
+    def ByteSize(self) -> int: ...
 
 
 Outgoing = TypeVar("Outgoing", bound=_Message)
@@ -72,6 +78,10 @@ class CarrierCall(Generic[Outgoing]):
     def broken(self, error: aio.AioRpcError) -> None:
         raise NotImplementedError
 
+    def refuse(self, item: Any, error: aio.AioRpcError) -> None:
+        """`item` is too big to send: it is dropped, and its stream must fail with `error`."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         self._call.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -84,7 +94,29 @@ class CarrierCall(Generic[Outgoing]):
             self._due.clear()
             if self.outgoing.items:
                 message, self.outgoing = self.outgoing, self._new_outgoing()
-                yield message
+                for part in self._within_budget(message):
+                    yield part
+
+    def _within_budget(self, message: Outgoing) -> Iterator[Outgoing]:
+        budget = carried_streams.MESSAGE_BUDGET
+        if message.ByteSize() <= budget:
+            yield message
+            return
+        part, size = self._new_outgoing(), 0
+        for item in message.items:
+            item_size = item.ByteSize() + carried_streams.ITEM_OVERHEAD
+            if item_size > carried_streams.ITEM_LIMIT:
+                limit = carried_streams.ITEM_LIMIT
+                message_text = f"a request of {item_size} bytes is over the {limit} bytes a message may carry"
+                self.refuse(item, call_error(grpc.StatusCode.RESOURCE_EXHAUSTED, message_text))
+                continue
+            if part.items and size + item_size > budget:
+                yield part
+                part, size = self._new_outgoing(), 0
+            part.items.append(item)
+            size += item_size
+        if part.items:
+            yield part
 
     async def _read(self) -> None:
         error: aio.AioRpcError | None = None
@@ -194,10 +226,12 @@ class ResponseStreamsCall(CarrierCall[Outgoing], Generic[Outgoing, Response]):
         what: str,
         *,
         key_field: str,
+        key_of_command: Callable[[Any], Any],
         on_broken: Callable[[], None],
     ) -> None:
         self.streams: dict[Any, CarriedCall[Response]] = {}
         self._key_field = key_field
+        self._key_of_command = key_of_command
         self._on_broken = on_broken
         super().__init__(open_call, new_outgoing, what)
 
@@ -220,6 +254,11 @@ class ResponseStreamsCall(CarrierCall[Outgoing], Generic[Outgoing, Response]):
         else:
             del self.streams[key]
             stream.end(answer.end)
+
+    def refuse(self, item: Any, error: aio.AioRpcError) -> None:
+        stream = self.streams.pop(self._key_of_command(item), None)
+        if stream is not None:
+            stream.fail(error)
 
     def broken(self, error: aio.AioRpcError) -> None:
         self._on_broken()

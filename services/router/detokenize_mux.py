@@ -86,6 +86,11 @@ class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
             refusal = end_error(answer.end)
             waiting.set_exception(refusal or Unavailable("tokenizer closed the detokenize stream early"))
 
+    def refuse(self, item: tokenizer_pb2.DetokenizeStreamItem, error: aio.AioRpcError) -> None:
+        waiting = self._waiting.pop(item.stream_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(error)
+
     def broken(self, error: aio.AioRpcError) -> None:
         self._mux._ended(self)
         for waiting in self._waiting.values():

@@ -33,6 +33,7 @@ class _Session(ResponseStreamsCall[engine_pb2.EngineStreamCommands, engine_pb2.E
             engine_pb2.EngineStreamCommands,
             "the engine's GenerateStream",
             key_field="request_id",
+            key_of_command=lambda command: command.generate.request_id,
             on_broken=lambda: mux._ended(self),
         )
 

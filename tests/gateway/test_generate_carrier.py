@@ -17,6 +17,7 @@ from grpc import aio
 
 from gateway.generate_carrier import CarriedGenerate, GenerateCarrier
 from tests.gateway.conftest import FakeRouter, chunk, complete, default_script
+from turnout import carried_streams
 from turnout.grpc_server import client_channel
 from turnout.v1 import inference_pb2, inference_pb2_grpc, router_admin_pb2_grpc
 
@@ -204,3 +205,37 @@ async def test_http_requests_go_over_one_carrier(client: httpx.AsyncClient, fake
     )
     assert all(reply.status_code == 200 for reply in replies), [r.text for r in replies]
     assert len(fake_router.requests) == 6 and fake_router.carriers == 1
+
+
+async def test_big_requests_are_split_over_messages_and_one_too_big_fails_alone(
+    router: CountingRouter, stub: inference_pb2_grpc.InferenceStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many requests started together must not make a message the router refuses (which would break the
+    carrier under all of them); a request too big to send at all fails alone, RESOURCE_EXHAUSTED."""
+    monkeypatch.setattr(carried_streams, "MESSAGE_BUDGET", 600)
+    monkeypatch.setattr(carried_streams, "ITEM_LIMIT", 1500)
+    incoming: list[int] = []  # commands per message the router read
+    serve = FakeRouter.GenerateStream
+
+    async def counted(self: FakeRouter, requests: Any, context: Any) -> AsyncIterator[Any]:
+        async def messages() -> AsyncIterator[Any]:
+            async for message in requests:
+                incoming.append(len(message.items))
+                yield message
+
+        async for message in serve(self, messages(), context):
+            yield message
+
+    monkeypatch.setattr(FakeRouter, "GenerateStream", counted)
+    carrier = GenerateCarrier(stub)
+    calls = [
+        carrier.generate(inference_pb2.GenerateRequest(request_id=f"r{i}", text="x" * 250), None) for i in range(4)
+    ]
+    too_big = carrier.generate(inference_pb2.GenerateRequest(request_id="big", text="x" * 2000), None)
+    error = await _error_of(too_big)
+    assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "bytes a message may carry" in error.details()
+    for call in calls:
+        assert (await _read_all(call))[-1].WhichOneof("kind") == "complete"
+    assert sum(incoming) == 4 and len(incoming) >= 2  # every request arrived, over several messages
+    assert router.carriers == 1
+    await carrier.close()
