@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.e2e.stack import ROOT
-from turnout.child_processes import free_port, grpc_healthy
+from turnout.child_processes import LAUNCHER_PID_ENV, free_port, grpc_healthy
 
 
 @dataclass
@@ -30,7 +30,9 @@ class Service:
     def start(self) -> Service:
         argv = [sys.executable, "-m", "turnout.cli", *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+            # It stops when this test process dies (killed or not), as the launcher's children do.
+            env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
+            self.process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 
     def wait_healthy(self, timeout_s: float = 120.0) -> Service:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.credentials import ADMIN
-from turnout.child_processes import free_port
+from turnout.child_processes import LAUNCHER_PID_ENV, free_port
 from turnout.grpc_auth import sync_channel
 from turnout.v1 import engine_pb2, engine_pb2_grpc
 
@@ -74,9 +74,12 @@ def start_stack(
     argv += ["--engine-port", str(ports[1]), "--tokenizer-port", str(ports[2]), "--router-port", str(ports[3])]
     argv += list(extra)
     log_file = log_path.open("wb")
-    # Its own session and process group, like a command started from a terminal.
+    # Its own session and process group, like a command started from a terminal; it stops when this
+    # test process dies, killed or not (as the launcher's own children stop with it), so a killed test
+    # run leaves no stack behind.
+    env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
     process = subprocess.Popen(
-        argv, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ}, start_new_session=True
+        argv, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
     port, engine_port, tokenizer_port, router_port = ports
     stack = Stack(process, port, engine_port, tokenizer_port, router_port, log_path, https_ca)
