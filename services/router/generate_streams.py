@@ -24,6 +24,7 @@ import grpc
 from grpc import aio
 
 from turnout.carried_streams import CarrierServer, ResponseStreams, call_error
+from turnout.errors import InvalidArgument
 from turnout.v1 import inference_pb2
 
 Handler = Callable[[inference_pb2.GenerateRequest, Any], AsyncIterator[inference_pb2.GenerateResponse]]
@@ -87,6 +88,10 @@ class _Carrier(ResponseStreams[inference_pb2.GenerateStreamRequest, inference_pb
                     self.start(command.stream_id, self._responses(command.generate), command.trace_context)
                 elif kind == "cancel":
                     self.stop(command.stream_id)
+                elif command.stream_id not in self.tasks:  # a running stream is not ended for it
+                    self._end(
+                        command.stream_id, InvalidArgument("a GenerateStream command needs `generate` or `cancel`")
+                    )
 
     def _responses(
         self, request: inference_pb2.GenerateRequest

@@ -85,6 +85,10 @@ async def test_each_stream_gets_its_handlers_responses_then_its_calls_status() -
     caller.send(_generate(5, "again"))
     duplicate = await caller.ended(5)
     assert duplicate.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "stream id 5" in duplicate.details
+    # A command that neither starts nor cancels is refused for its stream id, naming what is missing.
+    caller.send(inference_pb2.GenerateStreamCommand(stream_id=6))
+    empty = await caller.ended(6)
+    assert empty.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "`generate` or `cancel`" in empty.details
     caller.send(inference_pb2.GenerateStreamCommand(stream_id=5, cancel=True))
     caller.close()
     await asyncio.wait_for(caller.task, WAIT_S)  # the cancelled stream sent no end; the carrier ended
