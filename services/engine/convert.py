@@ -30,9 +30,9 @@ def request_from_proto(
             f"{config.scheduling_policy})"
         )
     vocab = loaded.vocab_size
-    bad = [t for t in message.input_ids if t >= vocab]
-    if bad:
-        raise InvalidArgument(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+    if max(message.input_ids) >= vocab:  # in C; the Python scan below only names the first bad id
+        bad = next(t for t in message.input_ids if t >= vocab)
+        raise InvalidArgument(f"token id {bad} is out of range for a vocabulary of {vocab}")
     # The model's (or --generation-config's) values, none under `openai`, with the overrides (model_loader).
     defaults = loaded.info.generation_defaults
     limits = Limits.of_engine(

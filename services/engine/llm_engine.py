@@ -156,6 +156,9 @@ class LLMEngine:
             # included: seeded once here, a run repeats its draws (vLLM's --seed).
             torch.manual_seed(config.seed)
         self._groups: dict[str, SequenceGroup] = {}
+        # Whether abort() marked anything since the last reaping: without it, no group or sample has an
+        # abort_message to reap, and the step skips walking every group (O(requests) per step).
+        self._aborts_pending = False
         # The model's tokenizer files, read only for grammars and think tags (loaded on first use).
         self.vocab = ModelVocab(config.model, self.loaded.vocab_size, self.loaded.eos_token_ids)
         self.grammars = GrammarCompiler(self.vocab, timeout_s=config.grammar_compile_timeout)
@@ -244,6 +247,7 @@ class LLMEngine:
             return False
         # A beam search ends as a whole: its beams are not the samples the caller numbers.
         chosen = set(indices) if group.beams is None else set()
+        self._aborts_pending = True
         if not chosen:
             group.abort_message = message
         for seq in group.seqs:
@@ -424,6 +428,10 @@ class LLMEngine:
         return outputs
 
     def _reap_aborted(self) -> list[StepOutput]:
+        if not self._aborts_pending:
+            return []
+        # Every mark abort() made is reaped below: whole requests end, marked samples finish.
+        self._aborts_pending = False
         outputs = []
         for group in list(self._groups.values()):
             if group.beams is not None:

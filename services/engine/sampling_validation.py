@@ -72,20 +72,31 @@ class Limits:
 
 
 class _Fields:
-    """Reads one field: the request's value, else the default's, else the fallback."""
+    """Reads one field: the request's value, else the default's, else the fallback.
+
+    Every field read here has presence (`optional`), so the fields a message lists (ListFields: the
+    set ones) are those whose HasField is true; listing both messages once costs less than the two
+    HasField calls per field otherwise made for each of the ~30 fields read per request."""
 
     def __init__(self, request: common_pb2.SamplingParams, defaults: common_pb2.SamplingParams) -> None:
         self.request = request
         self.defaults = defaults
+        # Name -> value of every field set in either message, the request's winning.
+        self._set: dict[str, Any] = {field.name: value for field, value in defaults.ListFields()}
+        self._set.update((field.name, value) for field, value in request.ListFields())
+
+    def none_of(self, names: frozenset[str]) -> bool:
+        """Whether neither message sets any of `names` (every get() of them gives its fallback)."""
+        return names.isdisjoint(self._set)
 
     def get(self, name: str, fallback: float) -> float:
-        for source in (self.request, self.defaults):
-            if source.HasField(name):
-                value = float(getattr(source, name))
-                if not math.isfinite(value):
-                    raise InvalidArgument(f"{name} must be a finite number, got {value}")
-                return value
-        return fallback
+        value = self._set.get(name)
+        if value is None:
+            return fallback
+        value = float(value)
+        if not math.isfinite(value):
+            raise InvalidArgument(f"{name} must be a finite number, got {value}")
+        return value
 
 
 def _in_range(name: str, value: float, low: float, high: float, *, low_open: bool = False, alias: str = "") -> None:
@@ -387,28 +398,36 @@ def _lengths(f: _Fields, limits: Limits) -> tuple[int, int]:
     return int(max_new), int(min_new)
 
 
+# Aphrodite's samplers: name, default, low, high, low open.
+_EXTRA_SAMPLER_RANGES: tuple[tuple[str, float, float, float, bool], ...] = (
+    ("typical_p", 1.0, 0.0, 1.0, True),
+    ("tfs", 1.0, 0.0, 1.0, True),
+    ("top_a", 0.0, 0.0, 1.0, False),
+    ("eta_cutoff", 0.0, 0.0, math.inf, False),
+    ("epsilon_cutoff", 0.0, 0.0, 1000.0, False),
+    ("smoothing_factor", 0.0, 0.0, math.inf, False),
+    ("smoothing_curve", 1.0, 1.0, math.inf, False),
+    ("dynatemp_min", 0.0, 0.0, math.inf, False),
+    ("dynatemp_max", 0.0, 0.0, math.inf, False),
+    ("dynatemp_exponent", 1.0, 0.0, math.inf, True),
+    ("xtc_threshold", 0.1, 0.0, 1.0, False),
+    ("xtc_probability", 0.0, 0.0, 1.0, False),
+    ("dry_multiplier", 0.0, 0.0, math.inf, False),
+    ("dry_base", 1.75, 1.0, math.inf, True),
+    ("nsigma", 0.0, 0.0, math.inf, False),
+)
+_EXTRA_INTS: dict[str, int] = {"dry_allowed_length": 2, "no_repeat_ngram_size": 0}
+_EXTRA_NAMES = frozenset(name for name, *_ in _EXTRA_SAMPLER_RANGES) | _EXTRA_INTS.keys()
+# What _extra_samplers gives when neither the request nor the defaults set any of them (most requests).
+_EXTRA_DEFAULTS: dict[str, Any] = {name: default for name, default, *_ in _EXTRA_SAMPLER_RANGES} | _EXTRA_INTS
+
+
 def _extra_samplers(f: _Fields) -> dict[str, Any]:
     """Aphrodite's samplers, each with its range; the defaults leave them off."""
+    if f.none_of(_EXTRA_NAMES):
+        return dict(_EXTRA_DEFAULTS)
     values: dict[str, Any] = {}
-    ranges: tuple[tuple[str, float, float, float, bool], ...] = (
-        # name, default, low, high, low open
-        ("typical_p", 1.0, 0.0, 1.0, True),
-        ("tfs", 1.0, 0.0, 1.0, True),
-        ("top_a", 0.0, 0.0, 1.0, False),
-        ("eta_cutoff", 0.0, 0.0, math.inf, False),
-        ("epsilon_cutoff", 0.0, 0.0, 1000.0, False),
-        ("smoothing_factor", 0.0, 0.0, math.inf, False),
-        ("smoothing_curve", 1.0, 1.0, math.inf, False),
-        ("dynatemp_min", 0.0, 0.0, math.inf, False),
-        ("dynatemp_max", 0.0, 0.0, math.inf, False),
-        ("dynatemp_exponent", 1.0, 0.0, math.inf, True),
-        ("xtc_threshold", 0.1, 0.0, 1.0, False),
-        ("xtc_probability", 0.0, 0.0, 1.0, False),
-        ("dry_multiplier", 0.0, 0.0, math.inf, False),
-        ("dry_base", 1.75, 1.0, math.inf, True),
-        ("nsigma", 0.0, 0.0, math.inf, False),
-    )
-    for name, default, low, high, low_open in ranges:
+    for name, default, low, high, low_open in _EXTRA_SAMPLER_RANGES:
         values[name] = f.get(name, default)
         _in_range(name, values[name], low, high, low_open=low_open)
     if values["dynatemp_max"] < values["dynatemp_min"]:
@@ -416,16 +435,19 @@ def _extra_samplers(f: _Fields) -> dict[str, Any]:
             f"dynatemp_max ({_fmt(values['dynatemp_max'])}) must not be below dynatemp_min "
             f"({_fmt(values['dynatemp_min'])})"
         )
-    values["dry_allowed_length"] = int(f.get("dry_allowed_length", 2))
-    values["no_repeat_ngram_size"] = int(f.get("no_repeat_ngram_size", 0))
+    for name, default in _EXTRA_INTS.items():
+        values[name] = int(f.get(name, default))
     return values
 
 
+_NO_LOGPROBS = LogprobSettings()
 # A logprob count of 2^32 - 1 (vLLM's -1) asks for every token of the vocabulary.
 ALL_LOGPROBS = 2**32 - 1
 
 
 def _logprobs(options: common_pb2.LogprobOptions, limits: Limits) -> LogprobSettings:
+    if not options.ListFields():  # nothing asked for (most requests): all off, nothing to check
+        return _NO_LOGPROBS
     top_n = options.top_logprobs_num
     prompt_top_n = options.input_top_logprobs_num if options.HasField("input_top_logprobs_num") else top_n
     names = ("top_logprobs_num (logprobs / top_logprobs)", "prompt_logprobs")

@@ -26,6 +26,7 @@ prefix cache, so a placeholder is never hashed.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -102,9 +103,10 @@ class Sequence:
             # Sample i of a seeded request draws from seed + i (as vLLM), so samples differ yet repeat.
             self.generator = torch.Generator(device="cpu").manual_seed((seed + self.index) % 2**64)
 
-    @property
+    @functools.cached_property
     def seq_id(self) -> str:
-        """Unique across requests: the request id cannot contain the part after the last '#'."""
+        """Unique across requests: the request id cannot contain the part after the last '#'. Read for
+        every running sequence at every step (block tables), so built once: request and index never change."""
         return f"{self.request.request_id}#{self.index}"
 
     def fork(self, index: int) -> Sequence:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from services.engine.sampling_params import SamplingSettings
+from services.engine.sampling_params import LogprobSettings, SamplingSettings
 from services.engine.sampling_validation import Limits, resolve
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2
@@ -26,6 +26,27 @@ def test_unset_fields_take_generation_config_then_documented_defaults() -> None:
     assert got.repetition_penalty == pytest.approx(1.1)
     assert got.max_new_tokens == 90  # the rest of the context
     assert (got.typical_p, got.tfs, got.top_a, got.xtc_probability, got.dry_multiplier) == (1.0, 1.0, 0.0, 0.0, 0.0)
+
+
+def test_extra_samplers_take_the_request_then_the_defaults_and_are_checked_either_way() -> None:
+    """Aphrodite's samplers read as every field does, whether one or none of them is set (the common
+    case of none set skips reading them one by one: the same values)."""
+    none_set = resolve(common_pb2.SamplingParams(), common_pb2.SamplingParams(), LIMITS)
+    assert (none_set.typical_p, none_set.dry_base, none_set.xtc_threshold) == (1.0, 1.75, pytest.approx(0.1))
+    assert (none_set.dry_allowed_length, none_set.no_repeat_ngram_size) == (2, 0)
+    defaults = common_pb2.SamplingParams(typical_p=0.9, dry_allowed_length=3)
+    got = resolve(common_pb2.SamplingParams(dry_base=2.0), defaults, LIMITS)
+    assert (got.typical_p, got.dry_base, got.dry_allowed_length) == (pytest.approx(0.9), 2.0, 3)
+    assert (got.tfs, got.no_repeat_ngram_size) == (1.0, 0)
+    with pytest.raises(InvalidArgument, match=r"typical_p must be in \(0, 1\]"):
+        resolve(common_pb2.SamplingParams(), common_pb2.SamplingParams(typical_p=1.5), LIMITS)
+    with pytest.raises(InvalidArgument, match="nsigma must be a finite number"):
+        resolve(common_pb2.SamplingParams(), common_pb2.SamplingParams(nsigma=math.inf), LIMITS)
+
+
+def test_unset_logprob_options_ask_for_nothing() -> None:
+    assert settings().logprobs == settings(common_pb2.LogprobOptions()).logprobs == LogprobSettings()
+    assert not settings().logprobs.any_output
 
 
 def test_zero_values_are_values_not_unset() -> None:
