@@ -4,7 +4,7 @@ On two CPU cores a tiny engine limited to one running request is barely slower t
 its batching siblings (the vocabulary projection costs the same per row either way),
 so the "slow engine" is made honest and unmistakable the way a slower accelerator or
 a congested link would be: the proxy forwards every call to a real engine and holds
-each streamed chunk for `delay_s`. Health checks, load, model info and aborts are
+each streamed engine step for `delay_s`. Health checks, load, model info and aborts are
 forwarded as they are; cancelling a proxied stream cancels the engine's.
 
 It runs a grpc.aio server on its own thread and event loop, so it outlives the
@@ -25,7 +25,7 @@ from services.engine.generate_stream import GenerateStreams
 from tests.credentials import INTERNAL
 from turnout.child_processes import free_port
 from turnout.grpc_server import client_channel
-from turnout.v1 import engine_pb2_grpc
+from turnout.v1 import engine_pb2, engine_pb2_grpc
 
 
 class _Proxy(engine_pb2_grpc.EngineServicer, health_pb2_grpc.HealthServicer):
@@ -53,8 +53,16 @@ class _Proxy(engine_pb2_grpc.EngineServicer, health_pb2_grpc.HealthServicer):
         call = self._engine().Generate(request)
         try:
             async for response in call:
-                await asyncio.sleep(self._delay_s)
-                yield response
+                # One step at a time, each held: the engine sends the steps that were ready together in
+                # one message (`batch`), and while this proxy holds a message the next one gathers every
+                # step the engine made meanwhile, so holding messages would let a request through in
+                # a few delays. Each step is what a message of its own would have been (engine.proto).
+                first = engine_pb2.EngineGenerateResponse()
+                first.CopyFrom(response)
+                first.ClearField("batch")
+                for step in (first, *response.batch):
+                    await asyncio.sleep(self._delay_s)
+                    yield step
         finally:
             call.cancel()
 

@@ -2,7 +2,7 @@
 
 Engine 0 is the slow one: it runs with `--max-running-requests 1` (one request at a
 time while the others batch) and the router reaches it through `SlowLink`, a proxy
-that holds each streamed chunk for 100 ms (see slow_link.py for why). Each test starts
+that holds each streamed engine step for 300 ms (see slow_link.py for why). Each test starts
 its own router process (policies are a router flag); engines and the tokenizer are
 shared by the module. The kill test runs last: it SIGKILLs engine 2 and restarts it.
 """
@@ -72,7 +72,7 @@ def backends(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     ]
     tokenizer = Service("tokenizer", ["tokenizer", *model], logs / "tokenizer.log")
     services = [*engines, tokenizer]
-    slow = SlowLink(engines[0].address, delay_s=0.1).start()
+    slow = SlowLink(engines[0].address, delay_s=0.3).start()
     try:
         for service in services:
             service.start()
