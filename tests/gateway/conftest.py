@@ -258,17 +258,25 @@ class FakeAdmin(router_admin_pb2_grpc.RouterAdminServicer):
         return router_admin_pb2.FlushAllCachesResponse(engines=results)
 
 
-@pytest.fixture
-async def fake_router() -> AsyncIterator[FakeRouter]:
+@contextlib.asynccontextmanager
+async def serving(fake: FakeRouter) -> AsyncIterator[FakeRouter]:
+    """`fake` served over gRPC on a free port (its `address`) while the block runs."""
     server = aio.server()
-    fake = FakeRouter()
     inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
     router_admin_pb2_grpc.add_RouterAdminServicer_to_server(fake.admin, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     fake.address = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(0)
+    try:
+        yield fake
+    finally:
+        await server.stop(0)
+
+
+@pytest.fixture
+async def fake_router() -> AsyncIterator[FakeRouter]:
+    async with serving(FakeRouter()) as fake:
+        yield fake
 
 
 async def _asgi_client(config: GatewayConfig) -> AsyncIterator[httpx.AsyncClient]:

@@ -16,10 +16,10 @@ import pytest
 from grpc import aio
 
 from gateway.generate_carrier import CarriedGenerate, GenerateCarrier
-from tests.gateway.conftest import FakeRouter, chunk, complete, default_script
+from tests.gateway.conftest import FakeRouter, chunk, complete, default_script, serving
 from turnout import carried_streams
 from turnout.grpc_server import client_channel
-from turnout.v1 import inference_pb2, inference_pb2_grpc, router_admin_pb2_grpc
+from turnout.v1 import inference_pb2, inference_pb2_grpc
 
 # Generous: a busy machine slows every exchange, never the outcome.
 WAIT_S = 60.0
@@ -40,15 +40,8 @@ class CountingRouter(FakeRouter):
 
 @pytest.fixture
 async def router() -> AsyncIterator[CountingRouter]:
-    server = aio.server()
-    fake = CountingRouter()
-    inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
-    router_admin_pb2_grpc.add_RouterAdminServicer_to_server(fake.admin, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    fake.address = f"127.0.0.1:{port}"
-    yield fake
-    await server.stop(0)
+    async with serving(CountingRouter()) as fake:
+        yield fake
 
 
 @pytest.fixture
