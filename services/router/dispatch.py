@@ -35,7 +35,7 @@ from opentelemetry import trace
 from services.router.engine_mux import MuxedCall
 from services.router.engine_pool import EngineClient, EnginePool
 from services.router.policies import routing_key
-from turnout.carried_streams import current_trace_context
+from turnout.carried_streams import call_error, current_trace_context
 from turnout.errors import ResourceExhausted, Unavailable
 from turnout.v1 import common_pb2, engine_pb2
 
@@ -103,6 +103,7 @@ class EngineStream:
         self._model = model_name
         self._request = request
         self._call: MuxedCall | None = None
+        self._cancelled = False
         # The engine of the current attempt (for aborting single samples on it), and why it was picked.
         self.engine: EngineClient | None = None
         self.route_reason = ""
@@ -112,7 +113,9 @@ class EngineStream:
         return self._responses
 
     def cancel(self) -> None:
-        """Stop the engine's work (it aborts the request when its call is cancelled)."""
+        """Stop the engine's work (it aborts the request when its call is cancelled); before the call is
+        made, keep it from being made."""
+        self._cancelled = True
         if self._call is not None:
             self._call.cancel()
 
@@ -135,6 +138,8 @@ class EngineStream:
             for attempt in range(config.max_retries + 1):
                 if attempt:
                     await asyncio.sleep(config.retry_delay_s(attempt))
+                if self._cancelled:  # e.g. the tokenizer refused the request while it waited for a slot
+                    raise call_error(grpc.StatusCode.CANCELLED, "the request was cancelled before it reached an engine")
                 engine = self._pick(tried, errors)
                 tried.add(engine.address)
                 last_try = attempt == config.max_retries

@@ -31,6 +31,7 @@ best beams, whole, when its search ends.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -178,11 +179,48 @@ async def _responses(
     n: int,
     best_of: int,
 ) -> AsyncGenerator[list[inference_pb2.GenerateResponse], None]:
+    # The tokenizer checks the start (it refuses a stop regex that does not compile, AUTO without
+    # --tool-call-parser) while the engine starts: one router-tokenizer round trip less before the first
+    # token. Tokens wait for its answer, a refusal ends the engine's call at once, and it wins over an
+    # engine's failure meanwhile, as when the engine waited for it.
+    verdict = samples.open_first()
+
+    def on_verdict(verdict: asyncio.Future[tokenizer_pb2.DetokenizeResponse]) -> None:
+        if _refused(verdict) is not None:
+            samples.stop_engine()
+
+    verdict.add_done_callback(on_verdict)
+    try:
+        responses = _engine_responses(request, engine_request, tokenizer, samples, ranking, n, best_of)
+        async with contextlib.aclosing(responses):
+            async for batch in responses:
+                yield batch
+    except Exception:
+        if not verdict.done():
+            await asyncio.wait([verdict])
+        refusal = _refused(verdict)
+        if refusal is not None:
+            raise refusal from None
+        raise
+    finally:
+        verdict.cancel()  # nothing once answered
+
+
+def _refused(verdict: asyncio.Future[tokenizer_pb2.DetokenizeResponse]) -> BaseException | None:
+    return None if verdict.cancelled() else verdict.exception()
+
+
+async def _engine_responses(
+    request: inference_pb2.GenerateRequest,
+    engine_request: engine_pb2.EngineGenerateRequest,
+    tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+    samples: _Samples,
+    ranking: bool,
+    n: int,
+    best_of: int,
+) -> AsyncGenerator[list[inference_pb2.GenerateResponse], None]:
     with_texts = request.logprob_options.return_text_in_logprobs
     keep_logprobs = _asks_logprobs(request.logprob_options)
-    # The tokenizer refuses a bad start (a stop regex that does not compile, AUTO without
-    # --tool-call-parser): learn that before the engine runs.
-    await samples.open_first()
     # The prompt's ids go with the first response only.
     prompt_ids = list(engine_request.input_ids) if request.return_prompt_token_ids else []
     if not ranking:
@@ -287,9 +325,14 @@ class _Samples:
             self._texts[index] = SampleText(self._tokenizer.texts, self._start)
         return self._texts[index]
 
-    async def open_first(self) -> None:
-        """Open sample 0's Detokenize stream, so the tokenizer's refusal of the start comes now."""
-        await self._text(0).open()
+    def open_first(self) -> asyncio.Future[tokenizer_pb2.DetokenizeResponse]:
+        """Send sample 0's Detokenize start now; the future is the tokenizer's verdict on it."""
+        return self._text(0).open()
+
+    def stop_engine(self) -> None:
+        """End the engine's call now, or keep it from being made (the request is refused)."""
+        if self._call is not None:
+            self._call.cancel()
 
     async def run(
         self, engine_request: engine_pb2.EngineGenerateRequest

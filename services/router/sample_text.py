@@ -1,14 +1,18 @@
 """The Detokenize stream of one sample: token ids in, final text (and stop matches) out.
 
 Strictly one message in flight: each message waits for the answer to the one
-before (the start's answer is empty). The tokenizer refuses a message by ending
-the stream with an error status instead of answering, so the refusal is always
-what the exchange returns, never a message that races the stream's end.
+before (the start's answer is empty). The start goes out as soon as it is opened,
+and the router starts the engine meanwhile; tokens wait for the start's answer.
+The tokenizer refuses a message by ending the stream with an error status instead
+of answering, so the refusal is always what the exchange returns, never a message
+that races the stream's end.
 The stream is carried, with every other sample's, by the tokenizer's one
 DetokenizeStream (detokenize_mux.py).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from services.router.detokenize_mux import DetokenizeMux
 from turnout.carried_streams import current_trace_context
@@ -20,16 +24,17 @@ class SampleText:
     def __init__(self, streams: DetokenizeMux, start: tokenizer_pb2.DetokenizeStart) -> None:
         self._stream = streams.open()
         self._start = start
-        self._opened = False
+        self._verdict: asyncio.Future[tokenizer_pb2.DetokenizeResponse] | None = None
 
-    async def open(self) -> None:
-        """Send the start and wait for the tokenizer to accept it; its refusal (AioRpcError) is raised here."""
-        if not self._opened:
-            self._opened = True
+    def open(self) -> asyncio.Future[tokenizer_pb2.DetokenizeResponse]:
+        """Send the start now (once). The future is the tokenizer's verdict on it: its refusal is raised
+        as the AioRpcError its call would have ended with."""
+        if self._verdict is None:
             start = tokenizer_pb2.DetokenizeRequest(start=self._start)
             # The carrier's metadata is not this request's: the trace context rides in the start.
             start.start.trace_context.update(current_trace_context())
-            await self._exchange(start)
+            self._verdict = asyncio.ensure_future(self._exchange(start))
+        return self._verdict
 
     async def push(self, token_ids: list[int], *, last: bool) -> tokenizer_pb2.DetokenizeResponse:
         """Every push is answered by exactly one response, so text stays aligned with its tokens."""
@@ -53,4 +58,6 @@ class SampleText:
         return await self._stream.exchange(request)
 
     def cancel(self) -> None:
+        # A verdict still coming is left to come: the request may yet need it (a refusal wins over an
+        # engine's failure); its owner cancels it when it does not.
         self._stream.close()

@@ -49,13 +49,43 @@ async def _outcomes(stub: Any, request: inference_pb2.GenerateRequest) -> Counte
     return outcomes
 
 
+async def _all_cancelled(engine: Any) -> None:
+    """Every call the engine received ends cancelled (the router's cancel reaches it in a moment)."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while engine.cancelled < len(engine.received) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert engine.cancelled == len(engine.received)
+
+
 async def test_a_refused_detokenize_start_is_the_outcome_200_of_200(make_cluster: Callable[..., Any]) -> None:
     cluster = await make_cluster(1, tokenizer_servicer=RefusingTokenizer())
+    engine = cluster.engines[0]
+    engine.hold = asyncio.Event()  # never set: the engine's streams end only when the router cancels them
     request = inference_pb2.GenerateRequest(text="hello", sampling_params=common_pb2.SamplingParams(max_new_tokens=2))
     outcomes = await _outcomes(cluster.inference, request)
     assert outcomes == Counter({"INVALID_ARGUMENT: stop_regex '(' is not a valid regular expression": REPEATS})
-    # Refused before the engine was asked: a bad start costs no generation.
-    assert cluster.engines[0].received == []
+    # The engine starts while the tokenizer checks the start; the refusal ends its call.
+    await _all_cancelled(engine)
+
+
+async def test_a_refusal_ends_the_engine_call_at_once_not_after_the_prefill(make_cluster: Callable[..., Any]) -> None:
+    cluster = await make_cluster(1, tokenizer_servicer=RefusingTokenizer())
+    engine = cluster.engines[0]
+    engine.token_delay_s = 600  # a prefill that would outlast the test
+    request = inference_pb2.GenerateRequest(text="hello", sampling_params=common_pb2.SamplingParams(max_new_tokens=2))
+    outcome = await asyncio.wait_for(_outcomes(cluster.inference, request), timeout=120)
+    assert outcome == Counter({"INVALID_ARGUMENT: stop_regex '(' is not a valid regular expression": REPEATS})
+    await _all_cancelled(engine)
+
+
+async def test_the_tokenizers_refusal_wins_over_the_engines(make_cluster: Callable[..., Any]) -> None:
+    # Both refuse; the engine, asked at the same time, may answer first. The outcome is the tokenizer's,
+    # every time, as when the engine was asked only after the tokenizer had accepted the start.
+    cluster = await make_cluster(1, tokenizer_servicer=RefusingTokenizer())
+    cluster.engines[0].fail = grpc.StatusCode.INVALID_ARGUMENT
+    request = inference_pb2.GenerateRequest(text="hello", sampling_params=common_pb2.SamplingParams(max_new_tokens=2))
+    outcomes = await _outcomes(cluster.inference, request)
+    assert outcomes == Counter({"INVALID_ARGUMENT: stop_regex '(' is not a valid regular expression": REPEATS})
 
 
 async def test_an_engine_refusal_while_the_detokenize_stream_is_open_is_the_outcome(
