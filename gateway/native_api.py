@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import convert, request_id, sse
 from gateway.batch_limit import check_batch_size, gather_bounded
+from gateway.cumulative_json import CumulativeEvents
 from gateway.generation import Generation, Sample, unless_disconnected
 from gateway.hidden_states import sglang_hidden_states
 from gateway.logprobs_format import sglang_logprobs
@@ -41,7 +42,9 @@ def finish_reason(reason: common_pb2.FinishReason | None) -> dict[str, Any] | No
     return {"type": "abort", "message": reason.abort.message}
 
 
-def _output(sample: Sample, sample_id: str, request: inference_pb2.GenerateRequest, prompt: Prompt) -> dict[str, Any]:
+def _meta_info(
+    sample: Sample, sample_id: str, request: inference_pb2.GenerateRequest, prompt: Prompt
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": sample_id,
         "finish_reason": finish_reason(sample.finish_reason),
@@ -56,7 +59,7 @@ def _output(sample: Sample, sample_id: str, request: inference_pb2.GenerateReque
     if request.return_hidden_states:
         meta["hidden_states"] = sglang_hidden_states(sample.hidden_states, sample.prompt_tokens)
     meta["e2e_latency"] = round(sample.latency_s, 6)
-    return {"text": sample.text, "output_ids": list(sample.token_ids), "meta_info": meta}
+    return meta
 
 
 @router.post("/generate")
@@ -88,29 +91,32 @@ async def generate(body: NativeGenerateRequest, request: Request) -> Response:
     prompts, generation = await unless_disconnected(request, begin())
     listed = is_batch or len(generation.samples) > 1
 
-    def output(sample: Sample) -> dict[str, Any]:
+    def meta_info(sample: Sample) -> dict[str, Any]:
         message = messages[sample.prompt]
         rid = message.request_id
         sample_id = f"{rid}-{sample.local_index}" if message.sampling_params.n > 1 else rid
-        return _output(sample, sample_id, message, prompts[sample.prompt])
+        return _meta_info(sample, sample_id, message, prompts[sample.prompt])
 
     if body.stream:
-        events = _stream(generation, output, listed)
+        events = _stream(generation, meta_info, listed)
         return sse.SSEResponse(sse.frames(events, generation.ready), on_close=generation.cancel)
     samples = await unless_disconnected(request, generation.collect())
-    outputs = [output(s) for s in samples]
+    outputs = [{"text": s.text, "output_ids": s.token_ids, "meta_info": meta_info(s)} for s in samples]
     return JSONResponse(outputs if listed else outputs[0])
 
 
 async def _stream(
-    generation: Generation, output: Callable[[Sample], dict[str, Any]], listed: bool
-) -> AsyncGenerator[dict[str, Any], None]:
+    generation: Generation, meta_info: Callable[[Sample], dict[str, Any]], listed: bool
+) -> AsyncGenerator[str, None]:
+    """Each event's JSON: the sample's text and ids so far, its meta_info, and with several samples its index."""
+    encoded = CumulativeEvents()
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
-            out = output(event.sample)
+            sample = event.sample
+            rest: dict[str, Any] = {"meta_info": meta_info(sample)}
             if listed:
-                out["index"] = event.sample.index
-            yield out
+                rest["index"] = sample.index
+            yield encoded.encode(sample.index, sample.text, sample.token_ids, rest)
 
 
 @router.get("/get_model_info")

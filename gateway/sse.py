@@ -22,8 +22,11 @@ from gateway.errors import to_http_error
 DONE = b"data: [DONE]\n\n"
 
 
-def encode(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+def encode(payload: dict[str, Any] | str) -> bytes:
+    """A `data:` frame of `payload`, or of its JSON text when it comes encoded already."""
+    if not isinstance(payload, str):
+        payload = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + payload.encode() + b"\n\n"
 
 
 def _nothing_ready() -> bool:
@@ -31,9 +34,11 @@ def _nothing_ready() -> bool:
 
 
 async def frames(
-    events: AsyncGenerator[dict[str, Any], None], ready: Callable[[], bool] = _nothing_ready
+    events: AsyncGenerator[dict[str, Any], None] | AsyncGenerator[str, None],
+    ready: Callable[[], bool] = _nothing_ready,
 ) -> AsyncGenerator[bytes, None]:
-    """Encode `events`, turning an error into an error event; always ends with [DONE].
+    """Encode `events` (objects, or their JSON text), turning an error into an error event; always ends
+    with [DONE].
 
     The bytes are the same whatever `ready` says; it only decides the socket writes: while `ready()`
     (more events are already here) frames are gathered into one write, and the write goes out as soon
