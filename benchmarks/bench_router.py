@@ -43,7 +43,7 @@ from benchmarks import service_ceiling
 from turnout.child_processes import free_port
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
-from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 
 @dataclass
@@ -152,25 +152,23 @@ async def gather_streams(prompts: list[list[int]], one: Callable[[list[int]], Aw
     return Run([r.ttft for r in results], tokens, seconds, [g for r in results for g in r.gaps])
 
 
-async def direct(address: str, token: str, prompts: list[list[int]], output_len: int) -> Run:
+async def direct_stream(stub: engine_pb2_grpc.EngineStub, prompt: list[int], output_len: int) -> Arrivals:
     params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
+    arrivals = Arrivals(time.perf_counter(), [])
+    request = engine_pb2.EngineGenerateRequest(request_id=os.urandom(8).hex(), input_ids=prompt, sampling_params=params)
+    async for message in stub.Generate(request):
+        tokens = 0
+        for response in (message, *message.batch):  # steps ready together come in one message
+            part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
+            tokens += len(part.token_ids)
+        arrivals.add(tokens)
+    return arrivals
+
+
+async def direct(address: str, token: str, prompts: list[list[int]], output_len: int) -> Run:
     async with client_channel(address, ClientCredentials(bearer=token)) as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
-
-        async def one(prompt: list[int]) -> Arrivals:
-            arrivals = Arrivals(time.perf_counter(), [])
-            request = engine_pb2.EngineGenerateRequest(
-                request_id=os.urandom(8).hex(), input_ids=prompt, sampling_params=params
-            )
-            async for message in stub.Generate(request):
-                tokens = 0
-                for response in (message, *message.batch):  # steps ready together come in one message
-                    part = response.chunk if response.WhichOneof("kind") == "chunk" else response.complete
-                    tokens += len(part.token_ids)
-                arrivals.add(tokens)
-            return arrivals
-
-        return await gather_streams(prompts, one)
+        return await gather_streams(prompts, lambda prompt: direct_stream(stub, prompt, output_len))
 
 
 async def through_gateway(url: str, prompts: list[list[int]], output_len: int) -> Run:
@@ -202,6 +200,79 @@ async def sequential(run: Callable[[list[list[int]]], Awaitable[Run]], prompts: 
     )
 
 
+async def router_stream(stub: inference_pb2_grpc.InferenceStub, prompt: list[int], output_len: int) -> Arrivals:
+    """One stream through the router's gRPC `Generate` (as the gateway asks: steps ready together in one message)."""
+    params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
+    request = inference_pb2.GenerateRequest(
+        input_ids=common_pb2.TokenIds(ids=prompt), sampling_params=params, accept_batches=True
+    )
+    arrivals = Arrivals(time.perf_counter(), [])
+    async for message in stub.Generate(request):
+        arrivals.add(sum(len(r.chunk.token_ids) for r in (message, *message.batch) if r.WhichOneof("kind") == "chunk"))
+    return arrivals
+
+
+async def raw_http_stream(port: int, prompt: list[int], output_len: int) -> Arrivals:
+    """One `/generate` SSE stream on a connection of its own, read as bytes (events counted, not parsed), so
+    that the client's own parsing is not counted as the gateway's latency."""
+    params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
+    body = json.dumps({"input_ids": prompt, "sampling_params": params, "stream": True}).encode()
+    head = (
+        f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    arrivals = Arrivals(time.perf_counter(), [])
+    try:
+        writer.write(head + body)
+        while data := await reader.read(1 << 16):
+            arrivals.add(data.count(b"data: {"))  # one event per token with ignore_eos (no empty steps)
+    finally:
+        writer.close()
+    return arrivals
+
+
+def one_stream_at_a_time(stack: Serve, args: argparse.Namespace) -> list[str]:
+    """TTFT and ITL of single streams through the engine's gRPC, the router's gRPC and the gateway's HTTP;
+    each round sends one request down each path in a new random order, so drift hits the three alike."""
+
+    async def run() -> dict[str, list[Arrivals]]:
+        rng = random.Random(3000)
+        measured: dict[str, list[Arrivals]] = {"engine": [], "router": [], "gateway": []}
+        credentials = ClientCredentials(bearer=stack.token)
+        async with (
+            client_channel(f"127.0.0.1:{stack.engine_port}", credentials) as engine_channel,
+            client_channel(f"127.0.0.1:{stack.router_port}", ClientCredentials()) as router_channel,
+        ):
+            engine = engine_pb2_grpc.EngineStub(engine_channel)
+            router = inference_pb2_grpc.InferenceStub(router_channel)
+            out = args.single_output_len
+            paths: dict[str, Callable[[list[int]], Awaitable[Arrivals]]] = {
+                "engine": lambda p: direct_stream(engine, p, out),
+                "router": lambda p: router_stream(router, p, out),
+                "gateway": lambda p: raw_http_stream(stack.port, p, out),
+            }
+            for r in range(args.single_requests + 2):  # the first two rounds warm up
+                order = list(paths)
+                rng.shuffle(order)
+                for name in order:
+                    prompt = [rng.randrange(100, 40000) for _ in range(args.prompt_len)]
+                    arrivals = await paths[name](prompt)
+                    if r >= 2:
+                        measured[name].append(arrivals)
+        return measured
+
+    measured = asyncio.run(run())
+    ttft = {k: statistics.median(a.ttft for a in v) * 1e3 for k, v in measured.items()}
+    itl = {k: statistics.median(g for a in v for g in a.gaps) * 1e3 for k, v in measured.items()}
+    names = {"engine": "engine gRPC", "router": "router gRPC", "gateway": "gateway HTTP SSE + router"}
+    return [
+        f"| 1 stream at a time, {names[k]} ({args.single_requests} requests) | {ttft[k]:.1f} ms "
+        f"(**{ttft[k] - ttft['engine']:+.1f}**) | {itl[k]:.2f} ms (**{itl[k] - itl['engine']:+.2f}**) |"
+        for k in measured
+    ]
+
+
 def overhead(args: argparse.Namespace, log: Path) -> list[str]:
     stack = Serve(args.model, 1, args.policy, log)
     try:
@@ -223,11 +294,7 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
                     runs[path].append(asyncio.run(direct(engine, stack.token, prompts, out)))
                 else:
                     runs[path].append(asyncio.run(through_gateway(stack.url, prompts, out)))
-        single_out = args.single_output_len
-        singles_d = make_prompts(args.single_requests, length, seed=1000)
-        singles_g = make_prompts(args.single_requests, length, seed=2000)
-        single_direct = asyncio.run(sequential(lambda p: direct(engine, stack.token, p, single_out), singles_d))
-        single_gateway = asyncio.run(sequential(lambda p: through_gateway(stack.url, p, single_out), singles_g))
+        singles = one_stream_at_a_time(stack, args)
     finally:
         stack.stop()
     d_tp = statistics.median(r.throughput for r in runs["direct"])
@@ -242,15 +309,10 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
         f"| ratio / added | **{g_tp / d_tp:.1%}** of direct throughput | **{g_ttft - d_ttft:+.1f} ms** median TTFT "
         f"| **{g_itl - d_itl:+.2f} ms** median ITL |"
     )
-    s_d, s_g = single_direct.median_ttft_ms, single_gateway.median_ttft_ms
-    i_d, i_g = single_direct.median_itl_ms, single_gateway.median_itl_ms
-    rows.append(f"| 1 stream at a time, direct ({args.single_requests} requests) "
-                f"| {single_direct.throughput:.1f} tok/s | {s_d:.1f} ms | {i_d:.2f} ms |")  # fmt: skip
-    rows.append(f"| 1 stream at a time, gateway + router | {single_gateway.throughput:.1f} tok/s | {s_g:.1f} ms "
-                f"| {i_g:.2f} ms |")  # fmt: skip
-    rows.append(f"| ratio / added, one stream | **{single_gateway.throughput / single_direct.throughput:.1%}** "
-                f"| **{s_g - s_d:+.1f} ms** median TTFT | **{i_g - i_d:+.2f} ms** median ITL |")  # fmt: skip
-    return rows
+    rows.append("")
+    rows.append("| one stream | median TTFT (added) | median ITL (added) |")
+    rows.append("| --- | --- | --- |")
+    return rows + singles
 
 
 def scale_out(args: argparse.Namespace, log: Path) -> list[str]:
