@@ -215,16 +215,10 @@ async def router_stream(stub: inference_pb2_grpc.InferenceStub, prompt: list[int
 async def raw_http_stream(port: int, prompt: list[int], output_len: int) -> Arrivals:
     """One `/generate` SSE stream on a connection of its own, read as bytes (events counted, not parsed), so
     that the client's own parsing is not counted as the gateway's latency."""
-    params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
-    body = json.dumps({"input_ids": prompt, "sampling_params": params, "stream": True}).encode()
-    head = (
-        f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     arrivals = Arrivals(time.perf_counter(), [])
     try:
-        writer.write(head + body)
+        writer.write(service_ceiling.generate_post(prompt, output_len))
         while data := await reader.read(1 << 16):
             arrivals.add(data.count(b"data: {"))  # one event per token with ignore_eos (no empty steps)
     finally:

@@ -92,19 +92,25 @@ async def _router_stream(stub: Any, prompt: list[int], output_len: int) -> tuple
     return tokens, first
 
 
-async def _gateway_stream(port: int, prompt: list[int], output_len: int) -> tuple[int, float]:
-    """A bare HTTP/1.1 request on its own connection: the SSE bytes are only searched, not parsed,
-    so the client spends next to nothing per event (httpx would cost more than the gateway)."""
+def generate_post(prompt: list[int], output_len: int) -> bytes:
+    """A streaming `/generate` request (greedy, `ignore_eos`) as the bytes of an HTTP/1.1 POST that closes
+    its connection at the end."""
     params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
     body = json.dumps({"input_ids": prompt, "sampling_params": params, "stream": True}).encode()
     head = (
         f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
+    return head + body
+
+
+async def _gateway_stream(port: int, prompt: list[int], output_len: int) -> tuple[int, float]:
+    """A bare HTTP/1.1 request on its own connection: the SSE bytes are only searched, not parsed,
+    so the client spends next to nothing per event (httpx would cost more than the gateway)."""
     start, first = time.perf_counter(), 0.0
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(head + body)
+        writer.write(generate_post(prompt, output_len))
         tail = b""
         while True:
             data = await reader.read(1 << 16)

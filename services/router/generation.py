@@ -143,7 +143,9 @@ async def _generate_once(
     samples = _Samples(engines, model.name, tokenizer, start, params, best_of if ranking else n)
     started, status = time.perf_counter(), "CANCELLED"  # left early: the caller went away
     try:
-        responses = _responses(request, engine_request, tokenizer, samples, ranking, n, best_of)
+        responses = _checked_by_tokenizer(
+            samples, _responses(request, engine_request, tokenizer, samples, ranking, n, best_of)
+        )
         async with contextlib.aclosing(responses):
             async for batch in responses:
                 yield batch
@@ -170,15 +172,10 @@ async def _generate_once(
         )
 
 
-async def _responses(
-    request: inference_pb2.GenerateRequest,
-    engine_request: engine_pb2.EngineGenerateRequest,
-    tokenizer: tokenizer_pb2_grpc.TokenizerStub,
-    samples: _Samples,
-    ranking: bool,
-    n: int,
-    best_of: int,
+async def _checked_by_tokenizer(
+    samples: _Samples, responses: AsyncGenerator[list[inference_pb2.GenerateResponse], None]
 ) -> AsyncGenerator[list[inference_pb2.GenerateResponse], None]:
+    """`responses` (the engine's part), run while the tokenizer checks sample 0's Detokenize start."""
     # The tokenizer checks the start (it refuses a stop regex that does not compile, AUTO without
     # --tool-call-parser) while the engine starts: one router-tokenizer round trip less before the first
     # token. Tokens wait for its answer, a refusal ends the engine's call at once, and it wins over an
@@ -191,7 +188,6 @@ async def _responses(
 
     verdict.add_done_callback(on_verdict)
     try:
-        responses = _engine_responses(request, engine_request, tokenizer, samples, ranking, n, best_of)
         async with contextlib.aclosing(responses):
             async for batch in responses:
                 yield batch
@@ -210,7 +206,7 @@ def _refused(verdict: asyncio.Future[tokenizer_pb2.DetokenizeResponse]) -> BaseE
     return None if verdict.cancelled() else verdict.exception()
 
 
-async def _engine_responses(
+async def _responses(
     request: inference_pb2.GenerateRequest,
     engine_request: engine_pb2.EngineGenerateRequest,
     tokenizer: tokenizer_pb2_grpc.TokenizerStub,
