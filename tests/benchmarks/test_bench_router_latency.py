@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -21,3 +22,23 @@ def test_tokens_read_together_are_zero_apart_and_reads_are_their_time_apart(monk
     assert arrivals.gaps == [0.5, 0.0, 0.0, 0.5]
     run = Run([arrivals.ttft], len(arrivals.times), 2.0, arrivals.gaps)
     assert run.median_itl_ms == 250.0 and run.median_ttft_ms == 750.0  # median of 0, 0, 0.5, 0.5 s
+
+
+async def test_the_bare_http_client_counts_events_whose_start_is_split_between_reads() -> None:
+    events = [b'data: {"text":"%d"}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
+    stream = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + b"".join(events)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        # Pieces cut inside "data: {" (and between events), each flushed on its own.
+        for start in range(0, len(stream), 9):
+            writer.write(stream[start : start + 9])
+            await writer.drain()
+            await asyncio.sleep(0.002)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        arrivals = await bench_router.raw_http_stream(port, [1, 2, 3], 5)
+    assert len(arrivals.times) == 5
