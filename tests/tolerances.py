@@ -64,9 +64,21 @@ def assert_close(
     tensors = expected if isinstance(expected, (list, tuple)) else [expected]
     dtype = dtype or tensors[0].dtype
     if scale is None:
-        finite = torch.cat([t[t.isfinite()].double().flatten() for t in tensors])
-        scale = float(finite.square().mean().sqrt()) if finite.numel() else 1.0
+        scale = root_mean_square(tensors)
     torch.testing.assert_close(actual, expected, **tolerance(dtype, reduction, scale, roundings), **kwargs)
+
+
+def root_mean_square(tensors: list[torch.Tensor]) -> float:
+    """The root mean square of the tensors' finite values (1.0 if there are none)."""
+    finite = torch.cat([t[t.isfinite()].double().flatten() for t in tensors])
+    return float(finite.square().mean().sqrt()) if finite.numel() else 1.0
+
+
+def attention_scale(expected: torch.Tensor, v_cache: torch.Tensor) -> float:
+    """The size of an attention output's errors. A probability that rounds one step apart in half
+    precision (the GPU's exp2 is not torch's exp) moves an output by up to 2u * p * |v|: by the size
+    of the values, which the outputs of long rows, averages of many values, are much smaller than."""
+    return max(root_mean_square([expected]), root_mean_square([v_cache]))
 
 
 def forward_reduction(spec: DecoderSpec, context: int) -> int:

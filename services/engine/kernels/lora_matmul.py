@@ -12,8 +12,10 @@ Layouts are those of lora/weights.py and lora/batch.py:
 
 Program (g, m[, n]) handles rows m*BLOCK_M.. of segment g (rows past the segment's end are masked):
 the grid's second axis is sized by the longest segment, so short segments leave programs idle
-rather than a launch per adapter. Accumulation is float32 throughout (tl.dot), one rounding at
-the end (the caller's cast), so results match `grouped_matmul_reference` within float32 sums.
+rather than a launch per adapter. Products and accumulation are float32 throughout (tl.dot in
+"ieee" precision: Triton's default on NVIDIA is tf32, ten mantissa bits, which missed the reference
+by 1e-3 relative on an H100), one rounding at the end (the caller's cast), so results match
+`grouped_matmul_reference` within float32 sums.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _shrink_kernel(
         x = tl.load(x_ptr + tokens[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         a_at = a_ptr + slot * a_stride_s + ks[:, None] * a_stride_k + cols[None, :]
         a = tl.load(a_at, mask=k_ok[:, None] & (cols < width)[None, :], other=0.0)
-        acc += tl.dot(x.to(tl.float32), a.to(tl.float32))
+        acc += tl.dot(x.to(tl.float32), a.to(tl.float32), input_precision="ieee")
     tl.store(mid_ptr + rows[:, None] * width + cols[None, :], acc, mask=row_ok[:, None] & (cols < width)[None, :])
 
 
@@ -93,7 +95,7 @@ def _expand_kernel(
     mid = tl.load(mid_ptr + rows[:, None] * width + ws[None, :], mask=row_ok[:, None] & w_ok[None, :], other=0.0)
     b_at = b_ptr + slot * b_stride_s + ws[:, None] * b_stride_k + ns[None, :]
     b = tl.load(b_at, mask=w_ok[:, None] & n_ok[None, :], other=0.0)
-    acc = tl.dot(mid, b.to(tl.float32))  # (M, N)
+    acc = tl.dot(mid, b.to(tl.float32), input_precision="ieee")  # (M, N)
     tl.store(out_ptr + rows[:, None] * out_features + ns[None, :], acc, mask=row_ok[:, None] & n_ok[None, :])
 
 

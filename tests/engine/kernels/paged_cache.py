@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tests.engine.kernels.kernel_device import DEVICE
+
 
 @dataclass(frozen=True)
 class PagedBatch:
@@ -34,7 +36,7 @@ def random_paged_batch(
     generator: torch.Generator,
     *,
     extra_width: int = 0,
-    device: torch.device | str = "cpu",
+    device: torch.device | str = DEVICE,
 ) -> PagedBatch:
     """Sequences of `seq_lens` cached tokens on random, non-contiguous blocks; the block table is
     `extra_width` blocks wider than the longest needs."""

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from services.engine.kernels.extend_attention import extend_attention, extend_attention_reference
+from tests.engine.kernels.kernel_device import DEVICE
 from tests.engine.kernels.paged_cache import random_paged_batch
-from tests.tolerances import ATTENTION_ROUNDINGS, assert_close, attention_reduction
+from tests.tolerances import ATTENTION_ROUNDINGS, assert_close, attention_reduction, attention_scale
 
 HEAD_DIM = 16
 # (cached prefix, new tokens) per sequence: a prompt with nothing cached, a chunk after a prefix,
@@ -26,7 +27,7 @@ def run_case(
     seed: int,
     *,
     head_dim: int = HEAD_DIM,
-    device: str = "cpu",
+    device: str = DEVICE,
     block_rows: int | None = None,
     block_n: int | None = None,
 ) -> None:
@@ -49,7 +50,14 @@ def run_case(
     # The kernel rounds the probabilities to the cache dtype; both round the output.
     reduction = attention_reduction(head_dim, max(seq_lens))
     expected = extend_attention_reference(*args).float()
-    assert_close(out.float(), expected, reduction=reduction, dtype=dtype, roundings=ATTENTION_ROUNDINGS)
+    assert_close(
+        out.float(),
+        expected,
+        reduction=reduction,
+        dtype=dtype,
+        scale=attention_scale(expected, batch.v_cache),
+        roundings=ATTENTION_ROUNDINGS,
+    )
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS, ids=HEAD_IDS)

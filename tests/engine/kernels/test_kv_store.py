@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from services.engine.kernels.kv_store import kv_store, kv_store_reference
+from tests.engine.kernels.kernel_device import DEVICE
 
 
 def run_case(
@@ -16,7 +17,7 @@ def run_case(
     dtype: torch.dtype,
     cache_dtype: torch.dtype,
     seed: int,
-    device: str = "cpu",
+    device: str = DEVICE,
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
     # V as the model hands it over: a strided view into the fused q/k/v projection output.

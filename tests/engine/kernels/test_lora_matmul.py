@@ -12,9 +12,8 @@ import torch
 
 from services.engine.lora.batch import LoraBatch
 from services.engine.lora.weights import grouped_matmul_reference
+from tests.engine.kernels.kernel_device import DEVICE
 from tests.tolerances import assert_close
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from services.engine.kernels.paged_decode import paged_decode, paged_decode_reference
+from tests.engine.kernels.kernel_device import DEVICE
 from tests.engine.kernels.paged_cache import random_paged_batch
-from tests.tolerances import ATTENTION_ROUNDINGS, assert_close, attention_reduction
+from tests.tolerances import ATTENTION_ROUNDINGS, assert_close, attention_reduction, attention_scale
 
 HEAD_DIM = 16
 # With 4-token blocks and 16-token partitions: one token, exactly one partition, one past it (a
@@ -27,7 +28,7 @@ def run_case(
     *,
     head_dim: int = HEAD_DIM,
     extra_width: int = 1,
-    device: str = "cpu",
+    device: str = DEVICE,
     **tiling: int,
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
@@ -45,7 +46,14 @@ def run_case(
     expected = paged_decode_reference(q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, scale)
     # The kernel rounds the probabilities to the cache dtype; both round the output.
     reduction = attention_reduction(head_dim, max(lengths))
-    assert_close(out.float(), expected.float(), reduction=reduction, dtype=dtype, roundings=ATTENTION_ROUNDINGS)
+    assert_close(
+        out.float(),
+        expected.float(),
+        reduction=reduction,
+        dtype=dtype,
+        scale=attention_scale(expected.float(), batch.v_cache),
+        roundings=ATTENTION_ROUNDINGS,
+    )
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS, ids=HEAD_IDS)
@@ -66,11 +74,11 @@ def test_padded_graph_rows_read_the_zero_block() -> None:
     """Rows a CUDA-graph batch pads with: seq_len 1, block table at the zero block -> zeros."""
     gen = torch.Generator().manual_seed(3)
     batch = random_paged_batch([9, 30], 2, HEAD_DIM, 4, torch.float32, gen, extra_width=2)
-    padded = torch.zeros(2, batch.block_tables.shape[1], dtype=torch.int64)
+    padded = torch.zeros(2, batch.block_tables.shape[1], dtype=torch.int64, device=DEVICE)
     padded[:, 0] = batch.null_block
     tables = torch.cat([batch.block_tables, padded])  # (4, W)
-    seq_lens = torch.cat([batch.seq_lens, torch.ones(2, dtype=torch.int64)])
-    q = torch.randn(4, 4, HEAD_DIM, generator=gen)
+    seq_lens = torch.cat([batch.seq_lens, torch.ones(2, dtype=torch.int64, device=DEVICE)])
+    q = torch.randn(4, 4, HEAD_DIM, generator=gen).to(DEVICE)
     out = paged_decode(q, batch.k_cache, batch.v_cache, tables, seq_lens, 0.25, partition_size=16, block_n=16)
     assert torch.equal(out[2:], torch.zeros_like(out[2:]))
     expected = paged_decode_reference(q[:2], batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25)

@@ -16,11 +16,11 @@ from services.engine.kernels.rms_norm import (
     rms_norm_reference,
 )
 from services.engine.models.layers import RMSNorm
+from tests.engine.kernels.kernel_device import DEVICE
 from tests.engine.kernels.poisoned_outputs import poisoned_outputs
 from tests.tolerances import assert_close
 
 needs_cuda = pytest.mark.cuda
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
 # (rows, dim): one row, rows sharing a program (dim 64 -> 64 rows a program), a partial last program,
 # odd widths, and rows wider than ELEMENTS_PER_PROGRAM / 2 (one row a program).

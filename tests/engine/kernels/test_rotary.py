@@ -5,17 +5,22 @@ positions far from zero (where float32 angles lose precision the same way on bot
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 from services.engine.kernels.rotary import rotary_embedding, rotary_embedding_reference
 from services.engine.models.layers import RotaryEmbedding, apply_rotary, rope_inv_freq
+from tests.engine.kernels.kernel_device import DEVICE
 from tests.engine.kernels.poisoned_outputs import poisoned_outputs
 
 needs_cuda = pytest.mark.cuda
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LLAMA3 = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -141,3 +146,43 @@ def test_llama_sized_heads_bf16_on_cuda(q_heads: int, kv_heads: int, head_dim: i
     expected_q, expected_k = rotary_embedding_reference(q, k, positions, inv_freq)
     assert_within_ulps(q_rot, expected_q, q)
     assert_within_ulps(k_rot, expected_k, k)
+
+
+# Compiled for sm_90, in a process of its own (this one interprets the kernels, which compiles
+# nothing): each specialisation the launch table makes, half precision only, PTX fma counts.
+_FUSED_MULTIPLY_ADDS = """
+import importlib, json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from benchmarks.kernel_aot import _tuples, specialisations
+counts = {}
+for spec in specialisations(90, launchers={"rotary_embedding"}):
+    if spec.signature["q_ptr"] not in ("*bf16", "*fp16"):
+        continue
+    fn = getattr(importlib.import_module(spec.module), spec.kernel)
+    names = fn.arg_names
+    constants = {(names.index(k),): v for k, v in spec.constants.items()}
+    attrs = {(names.index(k),): v for k, v in spec.attrs.items()}
+    source = ASTSource(fn, spec.signature, constants, attrs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_tuples(spec.options)).asm["ptx"]
+    counts[spec.signature["q_ptr"]] = ptx.count("fma.rn.bf16") + ptx.count("fma.rn.f16")
+print(json.dumps(counts))
+"""
+
+
+def test_compiled_rotation_rounds_each_product_as_torch_does() -> None:
+    """On an H100, contraction fused `x1 * cos - x2 * sin` into one half-precision fma, skipping the
+    product's rounding torch does: a fifth of the elements one step off. No fma may remain."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FUSED_MULTIPLY_ADDS],
+        cwd=Path(__file__).parents[3],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=True,
+    )
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(counts) == {"*bf16", "*fp16"}
+    assert counts == {"*bf16": 0, "*fp16": 0}

@@ -14,10 +14,10 @@ from services.engine.kernels.sampling import (
     exponential_race_argmax,
     exponential_race_argmax_reference,
 )
+from tests.engine.kernels.kernel_device import DEVICE
 from tests.engine.kernels.poisoned_outputs import poisoned_outputs
 
 needs_cuda = pytest.mark.cuda
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEG_INF = float("-inf")
 # (seed, offset) pairs, incl. a seed using Philox's high key word and an offset past 2^32 (high counter word).
 DRAWS = [(0, 0), (7, 123), (2**40 + 5, 9), (12345, 2**33 + 17)]
