@@ -10,6 +10,7 @@ import signal
 from gateway.config import GatewayConfig
 from turnout.flag_parser import FlagParser
 from turnout.flags import add_flags, config_kwargs
+from turnout.gc_heap import freeze_startup_heap
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
 
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> None:
     # instead of death by signal (and one that comes before uvicorn listens still stops it); Ctrl-C
     # is re-raised as KeyboardInterrupt: no traceback for that.
     signal.signal(signal.SIGTERM, server.handle_exit)
+    freeze_startup_heap()  # the app is built: what is alive now lives as long as the process
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
 

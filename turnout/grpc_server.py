@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from turnout import grpc_auth
 from turnout.errors import StatusInterceptor
+from turnout.gc_heap import freeze_startup_heap
 from turnout.security import ClientCredentials, ServiceSecurity
 from turnout.telemetry.grpc_tracing import server_interceptors, traced
 from turnout.telemetry.metrics_http import serve_metrics
@@ -123,6 +124,7 @@ async def serve(
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
+    freeze_startup_heap()  # the service is built: what is alive now lives as long as the process
     metrics_server = None
     if metrics is not None:
         metrics_server = serve_metrics(metrics.registry, metrics.host, metrics.port)

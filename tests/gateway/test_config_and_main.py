@@ -86,5 +86,6 @@ def test_gateway_process_stops_cleanly_on_signal(signum: int) -> None:
     finally:
         process.kill()
     assert "Traceback" not in output
+    assert "startup heap frozen" in output, "the gateway froze its startup heap before serving (turnout/gc_heap.py)"
     # Both end with 0 (uvicorn re-raises SIGTERM after draining; the gateway handles it as uvicorn does).
     assert process.returncode == 0, output[-2000:]
