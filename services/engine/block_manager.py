@@ -167,7 +167,10 @@ class BlockManager:
     def allocate(self, seq_id: str, num_tokens: int) -> bool:
         """Grow the sequence's block table to cover num_tokens tokens (free blocks first, then evicting the
         least recently released cached block). Not enough blocks: change nothing and return False."""
-        table = self._tables.get(seq_id, [])
+        table = self._tables.get(seq_id)
+        if table is not None and len(table) * self.block_size >= num_tokens:
+            return True  # most calls: a decode step within the sequence's last block
+        table = table if table is not None else []
         needed = self.blocks_needed(num_tokens) - len(table)
         if needed > self._pool.num_available:
             return False

@@ -71,7 +71,7 @@ from turnout.errors import InvalidArgument
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per sample per step: see EngineOutput on why not frozen
 class StepOutput:
     request_id: str
     output: EngineOutput

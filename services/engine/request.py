@@ -37,7 +37,10 @@ class Finish:
     message: str = ""
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per sample per step, and a frozen dataclass's __init__ (object.__setattr__
+# per field) took 1.8 µs against 0.6 here. Treat it as immutable all the same: once handed to the
+# event loop, the step thread never touches it again.
+@dataclass(slots=True)
 class EngineOutput:
     """New tokens of one sample of a request; `finish` is set on the sample's last output."""
 

@@ -143,13 +143,15 @@ class Sequence:
         pooling = self.pooling is not None and self.pooling.settings.needs_every_position
         return pooling or self.hidden_log is not None or self.prompt_logprob_start is not None
 
-    @property
+    # These two are read for every running sequence several times a step, so each is computed once
+    # (cached_property: later reads are an attribute's): `request` and its input ids never change.
+    @functools.cached_property
     def prefill_only(self) -> bool:
         """Generates nothing (max_new_tokens 0: pooling, or SGLang's prompt scoring): it ends the step its
         prompt is fully computed, and samples no token."""
         return self.request.sampling.max_new_tokens == 0
 
-    @property
+    @functools.cached_property
     def num_prompt_tokens(self) -> int:
         return len(self.request.input_ids)
 
