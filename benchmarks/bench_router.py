@@ -89,6 +89,12 @@ class Arrivals:
     def gaps(self) -> list[float]:
         return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
 
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first (vLLM's TPOT): unlike the gaps, whose median is 0 once
+        most tokens arrive several to a read (a fast engine), it is what the stream's pace was."""
+        return (self.times[-1] - self.times[0]) / (len(self.times) - 1) if len(self.times) > 1 else float("nan")
+
 
 class Serve:
     """`turnout serve --engines N` as a child process."""
@@ -252,10 +258,12 @@ def one_stream_at_a_time(stack: Serve, args: argparse.Namespace) -> list[str]:
     measured = asyncio.run(run())
     ttft = {k: statistics.median(a.ttft for a in v) * 1e3 for k, v in measured.items()}
     itl = {k: statistics.median(g for a in v for g in a.gaps) * 1e3 for k, v in measured.items()}
+    tpot = {k: statistics.median(a.tpot for a in v) * 1e3 for k, v in measured.items()}
     names = {"engine": "engine gRPC", "router": "router gRPC", "gateway": "gateway HTTP SSE + router"}
     return [
         f"| 1 stream at a time, {names[k]} ({args.single_requests} requests) | {ttft[k]:.1f} ms "
-        f"(**{ttft[k] - ttft['engine']:+.1f}**) | {itl[k]:.2f} ms (**{itl[k] - itl['engine']:+.2f}**) |"
+        f"(**{ttft[k] - ttft['engine']:+.1f}**) | {itl[k]:.2f} ms (**{itl[k] - itl['engine']:+.2f}**) "
+        f"| {tpot[k]:.2f} ms (**{tpot[k] - tpot['engine']:+.2f}**) |"
         for k in measured
     ]
 
@@ -297,8 +305,8 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
         f"| **{g_itl - d_itl:+.2f} ms** median ITL |"
     )
     rows.append("")
-    rows.append("| one stream | median TTFT (added) | median ITL (added) |")
-    rows.append("| --- | --- | --- |")
+    rows.append("| one stream | median TTFT (added) | median ITL (added) | median TPOT (added) |")
+    rows.append("| --- | --- | --- | --- |")
     return rows + singles
 
 

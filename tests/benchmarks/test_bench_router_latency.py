@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import statistics
 
 import pytest
 
@@ -20,6 +22,11 @@ def test_tokens_read_together_are_zero_apart_and_reads_are_their_time_apart(monk
     arrivals.add(1)  # at 2.0
     assert arrivals.ttft == 0.75
     assert arrivals.gaps == [0.5, 0.0, 0.0, 0.5]
+    assert arrivals.tpot == 0.25  # 1 s from the first token to the last, over 4 tokens after the first
+    assert statistics.median(arrivals.gaps) == 0.25
+    burst = Arrivals(start=0.0, times=[1.0, 2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0])  # four tokens a read
+    assert statistics.median(burst.gaps) == 0.0 and burst.tpot == 0.25  # the pace, where the gaps say 0
+    assert math.isnan(Arrivals(start=0.0, times=[1.0]).tpot)
     run = Run([arrivals.ttft], len(arrivals.times), 2.0, arrivals.gaps)
     assert run.median_itl_ms == 250.0 and run.median_ttft_ms == 750.0  # median of 0, 0, 0.5, 0.5 s
 
