@@ -33,6 +33,7 @@ from services.engine.model_loader import LoadedModel, load_model
 from services.engine.model_runner import Batch, StepLogits
 from services.engine.request import EngineRequest
 from services.engine.sampling_validation import Limits, resolve
+from turnout.gc_heap import frozen_heap
 from turnout.v1 import common_pb2
 
 
@@ -109,18 +110,20 @@ def run_engine(engine: LLMEngine, requests: list[EngineRequest]) -> tuple[float,
     engine.runner.run = timed  # type: ignore[method-assign]
     steps: list[tuple[float, float, int]] = []
     generated = 0
-    for request in requests:
-        engine.add_request(request)
-    start = time.perf_counter()
-    while engine.has_work():
-        forward_time = 0.0
-        step_start = time.perf_counter()
-        running = len(engine.scheduler.running)
-        outputs = engine.step()
-        steps.append((time.perf_counter() - step_start, forward_time, running))
-        generated += sum(len(o.output.token_ids) for o in outputs)
+    with frozen_heap():  # as the engine service runs (turnout/gc_heap.py)
+        for request in requests:
+            engine.add_request(request)
+        start = time.perf_counter()
+        while engine.has_work():
+            forward_time = 0.0
+            step_start = time.perf_counter()
+            running = len(engine.scheduler.running)
+            outputs = engine.step()
+            steps.append((time.perf_counter() - step_start, forward_time, running))
+            generated += sum(len(o.output.token_ids) for o in outputs)
+        seconds = time.perf_counter() - start
     engine.runner.run = original  # type: ignore[method-assign,assignment]
-    return time.perf_counter() - start, generated, steps
+    return seconds, generated, steps
 
 
 def run_transformers(

@@ -20,6 +20,7 @@ from services.engine.llm_engine import LLMEngine
 from services.engine.model_runner import Batch
 from services.engine.request import EngineRequest
 from services.engine.scheduler import ScheduledSequence
+from turnout.gc_heap import frozen_heap
 
 
 @dataclass(frozen=True)
@@ -78,35 +79,36 @@ def run_requests(engine: LLMEngine, requests: list[EngineRequest]) -> Trace:
 
     engine.runner.build_batch = recorded  # type: ignore[method-assign]
     try:
-        _synchronize(device)
-        start = time.perf_counter()
-        for request in requests:
-            engine.add_request(request)
-        step_start = time.perf_counter()
-        while engine.has_work():
-            # No device sync per step: it would stall the overlap of one step's CPU work with the
-            # previous step's GPU work. A step's time is from the previous step's return to its own
-            # (the engine reads its tokens back every step, so the two clocks stay within a step).
-            outputs = engine.step()
-            now = time.perf_counter()
-            if batches:
-                batch = batches.pop()
-                ctx = batch.context
-                record = StepRecord(
-                    now - step_start, list(ctx.query_lens_cpu), list(ctx.seq_lens_cpu), len(batch.sample_seqs)
-                )
-                trace.steps.append(record)
-            step_start = now
-            for out in outputs:
-                new = len(out.output.token_ids)
-                trace.output_tokens += new
-                if new and out.request_id not in trace.first_token:
-                    trace.first_token[out.request_id] = now - start
-                    trace.cached_tokens += out.output.cached_tokens
-        _synchronize(device)
-        trace.seconds = time.perf_counter() - start
-        if trace.output_tokens and not trace.steps:
-            raise RuntimeError("steps ran but no batch was recorded: does LLMEngine still call runner.build_batch?")
+        with frozen_heap():  # as the engine service runs (turnout/gc_heap.py)
+            _synchronize(device)
+            start = time.perf_counter()
+            for request in requests:
+                engine.add_request(request)
+            step_start = time.perf_counter()
+            while engine.has_work():
+                # No device sync per step: it would stall the overlap of one step's CPU work with the
+                # previous step's GPU work. A step's time is from the previous step's return to its own
+                # (the engine reads its tokens back every step, so the two clocks stay within a step).
+                outputs = engine.step()
+                now = time.perf_counter()
+                if batches:
+                    batch = batches.pop()
+                    ctx = batch.context
+                    record = StepRecord(
+                        now - step_start, list(ctx.query_lens_cpu), list(ctx.seq_lens_cpu), len(batch.sample_seqs)
+                    )
+                    trace.steps.append(record)
+                step_start = now
+                for out in outputs:
+                    new = len(out.output.token_ids)
+                    trace.output_tokens += new
+                    if new and out.request_id not in trace.first_token:
+                        trace.first_token[out.request_id] = now - start
+                        trace.cached_tokens += out.output.cached_tokens
+            _synchronize(device)
+            trace.seconds = time.perf_counter() - start
+            if trace.output_tokens and not trace.steps:
+                raise RuntimeError("steps ran but no batch was recorded: does LLMEngine still call runner.build_batch?")
     finally:
         engine.runner.build_batch = original  # type: ignore[method-assign,assignment]
     return trace

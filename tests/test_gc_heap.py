@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnout.child_processes import free_port
+from turnout.gc_heap import frozen_heap
 
 # A gRPC service with nothing but health, served by turnout.grpc_server.serve as every service is; on
 # stop it prints how many objects were frozen.
@@ -70,3 +72,10 @@ def test_the_heap_is_unfrozen_at_exit() -> None:
     lines = dict(line.rsplit(" ", 1) for line in done.stdout.splitlines())
     assert int(lines["after freeze"]) > 0
     assert lines["at exit"] == "0"
+
+
+def test_a_measurement_freezes_the_heap_until_it_ends() -> None:
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        assert gc.get_freeze_count() > 10_000  # pytest and what the tests imported
+    assert gc.get_freeze_count() == 0

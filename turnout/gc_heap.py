@@ -10,17 +10,21 @@ the collector"). `gc.freeze()` moves every object alive now to a permanent gener
 collection walks; collections still run, over what is allocated after. vLLM freezes its engine's
 heap once the model is warmed up; SGLang offers the same as an endpoint.
 
-Freezing is for service processes, once they are built: an object frozen that later becomes
-cyclic garbage is never collected (reference counting still frees the rest), which a long test
-process building and dropping many services would accumulate.
+Freezing for good is for service processes, once they are built: an object frozen that later
+becomes cyclic garbage is never collected (reference counting still frees the rest), which a long
+test process building and dropping many services would accumulate. A benchmark that builds and
+drops several engines in one process measures each the way the service runs it with
+`frozen_heap()`, which unfreezes when the measurement ends.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 _unfreeze_registered = False
@@ -41,3 +45,15 @@ def freeze_startup_heap() -> None:
         # frozen: extension modules that count what outlives them (nanobind, in Triton) stay quiet.
         atexit.register(gc.unfreeze)
         _unfreeze_registered = True
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Everything alive on entry frozen until exit, then back in the collector's reach (what became
+    garbage meanwhile is collected at the next collection): a measurement in the service's conditions."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
