@@ -34,7 +34,7 @@ from services.engine.sampler import LogitsHook, SamplerRow, sample
 from services.engine.sequence import Sequence, placeholder
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per sequence per step: see request.EngineOutput on why not frozen
 class SampledToken:
     token_id: int
     # The sampled token's log-probability, when the request needs it (logprobs or best_of).

@@ -17,7 +17,7 @@ import torch
 from services.engine.sampling_params import SamplingSettings
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per sequence per step: see request.EngineOutput on why not frozen
 class SamplerRow:
     """One sequence's view of a sampling step."""
 
