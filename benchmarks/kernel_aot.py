@@ -224,12 +224,19 @@ def _tuples(options: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
-def compile_one(spec: Specialisation) -> Resources:
-    """Compile `spec` with Triton for its architecture; ptxas's report gives registers and spills."""
+def compile_spec(spec: Specialisation) -> Any:
+    """`spec` compiled by Triton for its architecture, exactly as its launch would compile it (the
+    result's `asm` holds the PTX and cubin, `hash` Triton's key)."""
     fn = getattr(importlib.import_module(spec.module), spec.kernel)
     names = fn.arg_names
     constants = {(names.index(k),): v for k, v in spec.constants.items()}
     attrs = {(names.index(k),): v for k, v in spec.attrs.items()}
+    source = ASTSource(fn, spec.signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", spec.arch, 32), options=_tuples(spec.options))
+
+
+def compile_one(spec: Specialisation) -> Resources:
+    """Compile `spec` with Triton for its architecture; ptxas's report gives registers and spills."""
     log = io.StringIO()
     started = time.perf_counter()
     try:
@@ -241,8 +248,7 @@ def compile_one(spec: Specialisation) -> Resources:
             scopes.enter_context(contextlib.redirect_stdout(log))
             knobs.nvidia.dump_ptxas_log = True  # printed to stdout, which `log` catches
             knobs.compilation.always_compile = True  # a hit in Triton's cache would print no report
-            source = ASTSource(fn, spec.signature, constants, attrs)
-            kernel = triton.compile(source, target=GPUTarget("cuda", spec.arch, 32), options=_tuples(spec.options))
+            kernel = compile_spec(spec)
     except Exception as error:  # any compile failure is a result to report, not a crash
         return Resources(seconds=time.perf_counter() - started, error=f"{type(error).__name__}: {error}"[:2000])
     if kernel.hash != spec.cache_key:  # Triton's own key: what compiled is not what the launch would compile

@@ -151,20 +151,13 @@ def test_llama_sized_heads_bf16_on_cuda(q_heads: int, kv_heads: int, head_dim: i
 # Compiled for sm_90, in a process of its own (this one interprets the kernels, which compiles
 # nothing): each specialisation the launch table makes, half precision only, PTX fma counts.
 _FUSED_MULTIPLY_ADDS = """
-import importlib, json, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from benchmarks.kernel_aot import _tuples, specialisations
+import json
+from benchmarks.kernel_aot import compile_spec, specialisations
 counts = {}
 for spec in specialisations(90, launchers={"rotary_embedding"}):
     if spec.signature["q_ptr"] not in ("*bf16", "*fp16"):
         continue
-    fn = getattr(importlib.import_module(spec.module), spec.kernel)
-    names = fn.arg_names
-    constants = {(names.index(k),): v for k, v in spec.constants.items()}
-    attrs = {(names.index(k),): v for k, v in spec.attrs.items()}
-    source = ASTSource(fn, spec.signature, constants, attrs)
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_tuples(spec.options)).asm["ptx"]
+    ptx = compile_spec(spec).asm["ptx"]
     counts[spec.signature["q_ptr"]] = ptx.count("fma.rn.bf16") + ptx.count("fma.rn.f16")
 print(json.dumps(counts))
 """
