@@ -4,25 +4,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, models
 
 from services.tokenizer.token_table import TokenTable, bytes_to_unicode
+from tests.tokenizer.toy_tokenizers import sentencepiece_style
 from turnout.errors import InvalidArgument
 
 
 @pytest.fixture(scope="module")
 def byte_level(default_model_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(default_model_dir / "tokenizer.json"))
-
-
-def sentencepiece_style() -> Tokenizer:
-    """A Llama-2-like vocabulary: `▁` for spaces and `<0xNN>` byte-fallback pieces."""
-    vocab = {"<unk>": 0, "<0xC3>": 1, "<0xA9>": 2, "▁hi": 3, "caf": 4, "<0x41>": 5}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
-    tokenizer.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
-    return tokenizer
 
 
 def test_byte_to_unicode_table_is_gpt2s() -> None:
