@@ -30,7 +30,7 @@ Mode = common_pb2.ToolCalling.Mode
 AUTO_NEEDS_PARSER = "tool_choice 'auto' needs the server to run with --tool-call-parser"
 
 
-@dataclass
+@dataclass(slots=True)
 class ParsedOutput:
     reasoning: str = ""
     content: str = ""
