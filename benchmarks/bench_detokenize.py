@@ -85,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sequences", type=int, default=256, help="sequences at once in (b)")
     parser.add_argument("--steps", type=int, default=64, help="one-token steps per sequence in (b)")
     args = parser.parse_args(argv)
+    for name in ("tokens", "rounds", "sequences", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.model is None:
         from turnout.default_model import prepare_default_model
 
@@ -95,9 +98,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"(a) IncrementalDetokenizer.push, one id per push, {args.tokens} ids, µs of CPU per token")
     times: dict[bool, list[float]] = {True: [], False: []}
     texts: dict[bool, str] = {}
+    pushed = ids[: args.tokens + PROMPT_TOKENS]
     for _ in range(args.rounds):
         for decode_stream in (False, True):  # taking turns: the machine's drift lands on both
-            pushed = ids[: args.tokens + PROMPT_TOKENS]
             spent, texts[decode_stream] = push_us_per_token(tokenizer, pushed, decode_stream=decode_stream)
             times[decode_stream].append(spent)
     print(f"  Python windows      {_spread(times[False])}")

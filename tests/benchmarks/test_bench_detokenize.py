@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_detokenize import main, push_us_per_token, sample_ids
+from benchmarks.bench_detokenize import PROMPT_TOKENS, main, push_us_per_token, sample_ids
 from services.tokenizer.text_tokenizer import TextTokenizer
 
 
 def test_both_paths_of_a_push_give_the_tokenizers_decode(default_model_dir: Path) -> None:
     tokenizer = TextTokenizer(default_model_dir)
     ids = sample_ids(tokenizer, 400)
-    whole = tokenizer.backend.decode(ids[8:])
+    whole = tokenizer.backend.decode(ids[PROMPT_TOKENS:])
     for decode_stream in (True, False):
         spent, text = push_us_per_token(tokenizer, ids, decode_stream=decode_stream)
         assert text == whole
