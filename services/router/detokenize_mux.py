@@ -38,7 +38,7 @@ class CarriedDetokenize:
         return await self._carrier.exchange(self._id, request)
 
     def close(self) -> None:
-        """Nothing more is needed of this stream (the tokenizer drops it)."""
+        """Nothing more is needed of this stream (the tokenizer drops it; no message once it has ended)."""
         if not self._closed:
             self._closed = True
             self._carrier.close_stream(self._id)
@@ -50,6 +50,9 @@ class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
     def __init__(self, mux: DetokenizeMux, stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
         self._mux = mux
         self._waiting: dict[int, asyncio.Future[tokenizer_pb2.DetokenizeResponse]] = {}
+        # Streams opened here whose end has not come and that this side has not closed: only they need a
+        # close (a stream ends on the tokenizer's side with the answer that ends its sequence).
+        self._open: set[int] = set()
         super().__init__(
             stub.DetokenizeStream, tokenizer_pb2.DetokenizeStreamRequest, "the tokenizer's DetokenizeStream"
         )
@@ -71,16 +74,23 @@ class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
             if self._waiting.get(stream_id) is answer:
                 del self._waiting[stream_id]
 
+    def opened(self, stream_id: int) -> None:
+        self._open.add(stream_id)
+
     def close_stream(self, stream_id: int) -> None:
-        if self.error is None:
+        if stream_id in self._open and self.error is None:
+            self._open.discard(stream_id)
             self.outgoing.items.add(stream_id=stream_id, close=True)
             self.due()
 
     def deliver(self, answer: tokenizer_pb2.DetokenizeStreamAnswer) -> None:
+        ended = answer.WhichOneof("kind") != "response"
+        if ended:
+            self._open.discard(answer.stream_id)
         waiting = self._waiting.pop(answer.stream_id, None)
         if waiting is None or waiting.done():
-            return  # the end of a stream this side closed
-        if answer.WhichOneof("kind") == "response":
+            return  # the end of a stream whose sequence ended, or that this side closed
+        if not ended:
             waiting.set_result(answer.response)
         else:
             refusal = end_error(answer.end)
@@ -93,6 +103,7 @@ class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
 
     def broken(self, error: aio.AioRpcError) -> None:
         self._mux._ended(self)
+        self._open.clear()
         for waiting in self._waiting.values():
             if not waiting.done():
                 waiting.set_exception(error)
@@ -111,7 +122,9 @@ class DetokenizeMux:
         """A new sample's stream (on the open carrier, opening one if none is)."""
         if self._carrier is None:
             self._carrier = _Carrier(self, self._stub)
-        return CarriedDetokenize(self._carrier, next(self._ids))
+        stream_id = next(self._ids)
+        self._carrier.opened(stream_id)
+        return CarriedDetokenize(self._carrier, stream_id)
 
     async def close(self) -> None:
         if self._carrier is not None:

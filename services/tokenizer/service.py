@@ -24,7 +24,7 @@ from services.tokenizer.stop_matcher import StopMatcher
 from services.tokenizer.text_tokenizer import TextTokenizer
 from services.tokenizer.tool_parsers import tool_parser_class
 from services.tokenizer.work_lanes import WorkLanes
-from turnout.errors import FailedPrecondition, InvalidArgument
+from turnout.errors import InvalidArgument
 from turnout.telemetry.request_context import set_request_id
 from turnout.telemetry.rpc_metrics import RpcMetrics
 from turnout.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
@@ -178,16 +178,18 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 response.reasoning_tokens = parser.reasoning_tokens
             return response
 
+        # The stream ends (OK) with the answer that ends its sequence (the last chunk, or a matched stop):
+        # nothing more can follow, so the caller need not close it (over the carrier, no close item).
         async for message in requests:
             if message.WhichOneof("kind") != "tokens":
                 raise InvalidArgument("only `tokens` may follow `start` in a Detokenize stream")
-            if ended:
-                raise FailedPrecondition("the sequence already ended (a stop matched or the last chunk was sent)")
             tokens = message.tokens
             if any(t >= vocab for t in tokens.token_ids):
                 raise InvalidArgument(f"token ids must be below the vocabulary size {vocab}")
             if not tokens.step_sizes:
                 yield answer(tokens.token_ids, tokens.last)
+                if ended:
+                    return
                 continue
             if sum(tokens.step_sizes) != len(tokens.token_ids):
                 raise InvalidArgument(
@@ -202,6 +204,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 if ended:
                     break
             yield tokenizer_pb2.DetokenizeResponse(steps=steps)
+            if ended:
+                return
 
     async def EncodeTexts(
         self, request: tokenizer_pb2.EncodeTextsRequest, context: aio.ServicerContext

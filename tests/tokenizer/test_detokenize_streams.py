@@ -104,6 +104,32 @@ async def test_carried_streams_answer_as_their_own_calls_and_share_messages(
     await mux.close()
 
 
+async def test_a_stream_ends_with_the_answer_that_ends_its_sequence_and_needs_no_close(
+    tokenizer: _Tokenizer, text_tokenizer: TextTokenizer
+) -> None:
+    ids = ids_of(text_tokenizer, TEXT)
+    starts = [tokenizer_pb2.DetokenizeStart(request_id="last"), tokenizer_pb2.DetokenizeStart(stop=["STOP"])]
+    mux = DetokenizeMux(tokenizer.stub)
+    carried = await asyncio.gather(*(_carried(mux, start, ids) for start in starts))
+    assert carried[1][-1].matched_stop == "STOP" and len(carried[1]) < len(ids)
+    # The tokenizer read each stream's start and chunks, and no close: both ended on its side, the one
+    # with its last chunk's answer, the other with the answer where the stop matched.
+    assert tokenizer.servicer.items == sum(1 + len(responses) for responses in carried)
+    carrier = mux._carrier
+    assert carrier is not None and not carrier._open
+    ok = tokenizer.metrics.requests.labels("Detokenize", "OK")
+    await eventually(lambda: ok._value.get() == 2, WAIT_S)
+    # A stream closed before its sequence ended is closed on the tokenizer's side by a close item.
+    cut = mux.open()
+    await cut.exchange(tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart()))
+    tokens = tokenizer_pb2.DetokenizeTokens(token_ids=ids[:2])
+    await cut.exchange(tokenizer_pb2.DetokenizeRequest(tokens=tokens))
+    before = tokenizer.servicer.items
+    cut.close()
+    await eventually(lambda: tokenizer.servicer.items == before + 1 and ok._value.get() == 3, WAIT_S)
+    await mux.close()
+
+
 async def test_a_refused_start_is_that_streams_status_and_spares_the_others(
     tokenizer: _Tokenizer, text_tokenizer: TextTokenizer
 ) -> None:

@@ -69,6 +69,32 @@ async def detokenize(
     return responses
 
 
+@pytest.mark.parametrize(
+    ("start", "text"),
+    [(tokenizer_pb2.DetokenizeStart(), "The end"), (tokenizer_pb2.DetokenizeStart(stop=["end"]), "The end and more")],
+)
+async def test_the_stream_ends_ok_with_the_answer_that_ends_its_sequence(
+    stub: tokenizer_pb2_grpc.TokenizerStub,
+    text_tokenizer: TextTokenizer,
+    start: tokenizer_pb2.DetokenizeStart,
+    text: str,
+) -> None:
+    """After the last chunk's answer, or the one where a stop matched, the server ends the call without
+    waiting for the caller to close its side."""
+    ids = ids_of(text_tokenizer, text)
+    call = stub.Detokenize()
+    await call.write(tokenizer_pb2.DetokenizeRequest(start=start))
+    await call.read()
+    for index, token_id in enumerate(ids):
+        tokens = tokenizer_pb2.DetokenizeTokens(token_ids=[token_id], last=index == len(ids) - 1)
+        await call.write(tokenizer_pb2.DetokenizeRequest(tokens=tokens))
+        response = await call.read()
+        if response.HasField("matched_stop") or tokens.last:
+            break
+    assert await asyncio.wait_for(call.read(), 60) is aio.EOF  # without a close from this side
+    assert await call.code() is grpc.StatusCode.OK
+
+
 async def test_stop_regex_cuts_the_text_and_reports_the_pattern(
     stub: tokenizer_pb2_grpc.TokenizerStub, text_tokenizer: TextTokenizer
 ) -> None:
