@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from turnout.grpc_transport import use_posix_endpoints
+
+    use_posix_endpoints()  # before anything imports grpc
     from turnout.child_processes import die_with_launcher
     from turnout.event_loop import install_event_loop_policy
 
