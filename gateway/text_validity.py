@@ -19,6 +19,8 @@ from fastapi import Request
 from gateway.errors import invalid_request
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# What JSON parses to besides strings, objects and arrays: nothing in them can be invalid text.
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def invalid_text_path(value: Any, path: str = "") -> str | None:
@@ -39,7 +41,12 @@ def invalid_text_path(value: Any, path: str = "") -> str | None:
                 children.append((f"{where}.{key}" if where else key, child))
             pending.extend(reversed(children))
         elif isinstance(item, list):
-            pending.extend((f"{where}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+            # Only strings and containers can hold text. A list of numbers (token ids) is passed over in C,
+            # not given a path string per element (a 2,000-id prompt: ~0.8 ms a request before).
+            if _SCALARS.issuperset(map(type, item)):
+                continue
+            texts = [(i, child) for i, child in enumerate(item) if isinstance(child, (str, dict, list))]
+            pending.extend((f"{where}[{i}]", child) for i, child in reversed(texts))
     return None
 
 

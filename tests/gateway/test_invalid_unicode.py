@@ -79,6 +79,9 @@ def test_the_walk_names_the_first_bad_string_in_document_order() -> None:
     assert invalid_text_path({"a": ["ok", {"b": "\udc00"}], "c": "\ud800"}) == "a[1].b"
     assert invalid_text_path("\ud800") == ""
     assert invalid_text_path({"a": [1, 2.5, None, True, "fine"]}) is None
+    # Lists of numbers (token ids) are passed over whole; a list with text in it is still read.
+    assert invalid_text_path({"input_ids": list(range(5000)), "stop": [3, 4.5, "\ud800"]}) == "stop[2]"
+    assert invalid_text_path([[1, 2], [3, [None, "\udfff"]]]) == "[1][1][1]"
     nested: object = "\ud800"
     for _ in range(10_000):
         nested = [nested]
