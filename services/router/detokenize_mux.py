@@ -31,17 +31,15 @@ class CarriedDetokenize:
     def __init__(self, carrier: _Carrier, stream_id: int) -> None:
         self._carrier = carrier
         self._id = stream_id
-        self._closed = False
 
     async def exchange(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
         """Send one message and return its answer."""
         return await self._carrier.exchange(self._id, request)
 
     def close(self) -> None:
-        """Nothing more is needed of this stream (the tokenizer drops it; no message once it has ended)."""
-        if not self._closed:
-            self._closed = True
-            self._carrier.close_stream(self._id)
+        """Nothing more is needed of this stream (the tokenizer drops it). Only the first close of a stream
+        whose end has not come sends anything (the carrier knows which are open)."""
+        self._carrier.close_stream(self._id)
 
 
 class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
