@@ -8,13 +8,17 @@
 3. `--ceiling` (issue 15, benchmarks/service_ceiling.py): the same stack with an engine that costs
    nothing (`--skip-forward`), loaded through the engine's gRPC, the router's gRPC and the
    gateway's HTTP at 64, 256 and 1,024 streams: tokens/s, requests/s and every process's CPU per
-   token, i.e. how fast an engine the service path can keep up with.
+   token, i.e. how fast an engine the service path can keep up with;
+4. `--against REV` (benchmarks/side_by_side.py): one stream at a time through this checkout's
+   stack and another revision's, both up at once and taking turns, for a before/after that the
+   machine's drift does not decide.
 
 Each configuration is a real `turnout serve --engines N` stack on loopback; "direct"
 calls its first engine while the router sits idle.
 
     python -m benchmarks.bench_router [--model PATH] [--concurrency 64] [--output-len 64]
     python -m benchmarks.bench_router --ceiling [--ceiling-streams 64 256 1024] [--profile DIR]
+    python -m benchmarks.bench_router --against REV [--tiny] [--skip-forward] [--single-output-len 8]
 
 Prints Markdown tables (the format of docs/benchmarks.md).
 """
@@ -97,9 +101,17 @@ class Arrivals:
 
 
 class Serve:
-    """`turnout serve --engines N` as a child process."""
+    """`turnout serve --engines N` as a child process; from the checkout at `cwd` when given."""
 
-    def __init__(self, model: Path | None, engines: int, policy: str, log: Path, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        model: Path | None,
+        engines: int,
+        policy: str,
+        log: Path,
+        extra: Sequence[str] = (),
+        cwd: Path | None = None,
+    ) -> None:
         self.port = free_port()
         # Replica i listens on engine_port + i: pick a base with room above it.
         self.engine_port = free_port()
@@ -117,7 +129,11 @@ class Serve:
             argv += ["--model", str(model)]
         self.engines = engines
         self._log = log.open("ab")
-        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        # `python -m` puts the working directory first on sys.path, and every child inherits both.
+        env = dict(os.environ, PYTHONPATH=str(cwd)) if cwd is not None else None
+        self.process = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd, env=env
+        )
 
     @property
     def url(self) -> str:
@@ -268,8 +284,8 @@ def one_stream_at_a_time(stack: Serve, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def overhead(args: argparse.Namespace, log: Path) -> list[str]:
-    stack = Serve(args.model, 1, args.policy, log)
+def overhead(args: argparse.Namespace, log: Path, extra: list[str]) -> list[str]:
+    stack = Serve(args.model, 1, args.policy, log, extra)
     try:
         stack.wait_ready()
         engine = f"127.0.0.1:{stack.engine_port}"
@@ -310,11 +326,11 @@ def overhead(args: argparse.Namespace, log: Path) -> list[str]:
     return rows + singles
 
 
-def scale_out(args: argparse.Namespace, log: Path) -> list[str]:
+def scale_out(args: argparse.Namespace, log: Path, extra: list[str]) -> list[str]:
     rows = []
     base = 0.0
     for engines in args.scale:
-        stack = Serve(args.model, engines, args.policy, log)
+        stack = Serve(args.model, engines, args.policy, log, extra)
         try:
             stack.wait_ready()
             asyncio.run(through_gateway(stack.url, make_prompts(8, args.prompt_len, seed=99), 8))
@@ -394,6 +410,20 @@ def main() -> None:
     parser.add_argument(
         "--profile-path", choices=service_ceiling.PATHS, default="gateway", help="the path whose load is profiled"
     )
+    parser.add_argument("--tiny", action="store_true", help="the tests' tiny random model instead of --model")
+    parser.add_argument(
+        "--skip-forward", action="store_true", help="the stacks' engine skips its forward pass (docs/flags.md)"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REV_OR_DIR",
+        default=None,
+        help="only one stream at a time, this checkout's stack and another's side by side (benchmarks/side_by_side.py)",
+    )
+    parser.add_argument("--against-blocks", type=int, default=10, help="rounds of --against, the stacks taking turns")
+    parser.add_argument(
+        "--against-block-requests", type=int, default=10, help="requests per path and stack in each --against round"
+    )
     parser.add_argument(
         "--log", type=Path, default=Path(tempfile.gettempdir()) / "turnout-bench-router.log", help="the stacks' output"
     )
@@ -404,19 +434,30 @@ def main() -> None:
         print("\n".join(ceiling(args, args.log)), flush=True)
         print(f"(load average after: {os.getloadavg()[0]:.1f})")
         return
+    if args.tiny:
+        args.model = service_ceiling.tiny_model(Path(tempfile.mkdtemp()))
     if args.model is None:
         from turnout.default_model import prepare_default_model
 
         args.model = prepare_default_model()
-    print(f"model {args.model.name}, {os.cpu_count()} CPUs, policy {args.policy}, {time.strftime('%Y-%m-%d')}")
+    extra = ["--skip-forward"] if args.skip_forward else []
+    when = time.strftime("%Y-%m-%d %H:%M")
+    print(f"model {args.model.name}{', --skip-forward' if extra else ''}, {os.cpu_count()} CPUs, "
+          f"policy {args.policy}, {when}, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"(the stacks log to {args.log})")
+    if args.against is not None:
+        from benchmarks import side_by_side  # it builds on this module
+
+        print()
+        print("\n".join(side_by_side.compare(args, args.log, extra)), flush=True)
+        return
     if not args.skip_overhead:
         print("\n| path | throughput | median time to first token | median inter-token latency |")
         print("| --- | --- | --- | --- |")
-        print("\n".join(overhead(args, args.log)), flush=True)
+        print("\n".join(overhead(args, args.log, extra)), flush=True)
     if not args.skip_scale:
         print("\n| engines | throughput (gateway + router) | vs 1 engine | median TTFT |\n| --- | --- | --- | --- |")
-        print("\n".join(scale_out(args, args.log)), flush=True)
+        print("\n".join(scale_out(args, args.log, extra)), flush=True)
 
 
 if __name__ == "__main__":
