@@ -152,26 +152,31 @@ def table(sides: list[Side], args: argparse.Namespace) -> list[str]:
         "| CPU ms per request: gateway, router, tokenizer, engine |",
         "| --- | --- | --- | --- | --- |",
     ]
-    added: dict[str, tuple[float, float]] = {}
+    added: dict[str, tuple[float, float | None]] = {}  # what the gateway path adds: TTFT, ITL (none for 1 token)
     for side in sides:
         ttft = {p: statistics.median(a.ttft for a in v) * 1e3 for p, v in side.arrivals.items()}
         gaps = {p: [g for a in v for g in a.gaps] for p, v in side.arrivals.items()}
-        itl = {p: statistics.median(g) * 1e3 if g else float("nan") for p, g in gaps.items()}
+        itl = {p: statistics.median(g) * 1e3 if g else None for p, g in gaps.items()}
         for path in PATH_NAMES:
             cpu = ""
             if path == "gateway":
-                cpu = ", ".join(
-                    f"{side.cpu_s[s] / requests * 1e3:.2f}" for s in ("gateway", "router", "tokenizer", "engine")
-                )
+                cpu = ", ".join(f"{side.cpu_s[s] / requests * 1e3:.2f}" for s in CPU_COLUMNS)
             lines.append(
                 f"| {side.label} | {PATH_NAMES[path]} | {ttft[path]:.2f} ms ({ttft[path] - ttft['engine']:+.2f}) "
-                f"| {itl[path]:.2f} ms ({itl[path] - itl['engine']:+.2f}) | {cpu} |"
+                f"| {_gap(itl[path], itl['engine'])} | {cpu} |"
             )
-        added[side.label] = (ttft["gateway"] - ttft["engine"], itl["gateway"] - itl["engine"])
+        gateway_itl, engine_itl = itl["gateway"], itl["engine"]
+        added_itl = gateway_itl - engine_itl if gateway_itl is not None and engine_itl is not None else None
+        added[side.label] = (ttft["gateway"] - ttft["engine"], added_itl)
     (head, (head_ttft, head_itl)), (base, (base_ttft, base_itl)) = added.items()
-    lines.append("")
-    lines.append(
-        f"The gateway path adds, {head} against {base}: TTFT **{head_ttft:+.2f}** vs {base_ttft:+.2f} ms, "
-        f"ITL **{head_itl:+.2f}** vs {base_itl:+.2f} ms."
-    )
-    return lines
+    summary = f"The gateway path adds, {head} against {base}: TTFT **{head_ttft:+.2f}** vs {base_ttft:+.2f} ms"
+    if head_itl is not None and base_itl is not None:
+        summary += f", ITL **{head_itl:+.2f}** vs {base_itl:+.2f} ms"
+    return [*lines, "", summary + "."]
+
+
+def _gap(itl: float | None, engine: float | None) -> str:
+    """A path's median inter-token gap and what it adds to the engine's; a dash for 1-token outputs."""
+    if itl is None or engine is None:
+        return "-"
+    return f"{itl:.2f} ms ({itl - engine:+.2f})"

@@ -61,3 +61,15 @@ def test_each_stacks_gateway_path_is_measured_against_its_own_engine() -> None:
     assert "| base | router gRPC | 7.00 ms (+1.00) | 1.20 ms (+0.20) |  |" in lines
     summary = "The gateway path adds, head against base: TTFT **+5.00** vs +7.00 ms, ITL **+0.50** vs +0.80 ms."
     assert lines[-1] == summary
+
+
+def test_one_token_outputs_have_no_gaps_and_say_so() -> None:
+    args = argparse.Namespace(against_blocks=1, against_block_requests=1)
+    sides = []
+    for label in ("head", "base"):
+        side: Any = side_by_side.Side(label, stack=None)  # type: ignore[arg-type]
+        side.arrivals = {p: [_arrivals(5.0 if p == "gateway" else 2.0, 0.0, tokens=1)] for p in side_by_side.PATH_NAMES}
+        sides.append(side)
+    lines = side_by_side.table(sides, args)
+    assert "| head | gateway HTTP SSE + router | 5.00 ms (+3.00) | - | 0.00, 0.00, 0.00, 0.00 |" in lines
+    assert lines[-1] == "The gateway path adds, head against base: TTFT **+3.00** vs +3.00 ms."
