@@ -64,17 +64,33 @@ REFUSED_EXTRAS = frozenset(
 )
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
 def unknown_fields(body: BaseModel, prefix: str = "") -> list[str]:
-    """Dotted paths of the fields `body` (and the models nested in it) did not declare."""
+    """Dotted paths of the fields `body` (and the models nested in it) did not declare, in declared order."""
     found = [f"{prefix}{name}" for name in body.model_extra or {}]
-    for name in type(body).model_fields:
+    declared = type(body).model_fields
+    nested: list[tuple[int, list[str]]] = []
+    # Only a field the body set can hold a model with extras: a default never has any.
+    for name in body.model_fields_set:
+        if name not in declared:
+            continue  # an extra, named above
         value = getattr(body, name)
-        items = value if isinstance(value, list) else [value]
-        for i, item in enumerate(items):
-            if isinstance(item, BaseModel):
-                where = f"{prefix}{name}[{i}]." if isinstance(value, list) else f"{prefix}{name}."
-                found += unknown_fields(item, where)
-    return found
+        if isinstance(value, list):
+            if _PLAIN.issuperset(map(type, value)):
+                continue  # token ids, strings: passed over in C
+            paths = []
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    paths += unknown_fields(item, f"{prefix}{name}[{i}].")
+        elif isinstance(value, BaseModel):
+            paths = unknown_fields(value, f"{prefix}{name}.")
+        else:
+            continue
+        if paths:
+            nested.append((list(declared).index(name), paths))
+    return found + [p for _, paths in sorted(nested) for p in paths]
 
 
 class SamplingFields(_Body):
