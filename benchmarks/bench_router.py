@@ -434,6 +434,8 @@ def main() -> None:
         print("\n".join(ceiling(args, args.log)), flush=True)
         print(f"(load average after: {os.getloadavg()[0]:.1f})")
         return
+    if args.against is not None and min(args.against_blocks, args.against_block_requests) < 1:
+        parser.error("--against-blocks and --against-block-requests must be at least 1")
     if args.tiny:
         args.model = service_ceiling.tiny_model(Path(tempfile.mkdtemp()))
     if args.model is None:

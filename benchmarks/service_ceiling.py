@@ -218,7 +218,8 @@ def service_processes(serve_pid: int) -> dict[str, psutil.Process]:
     return found
 
 
-def _cpu(process: psutil.Process) -> float:
+def cpu_seconds(process: psutil.Process) -> float:
+    """User and system CPU seconds of every thread of `process` so far."""
     times = process.cpu_times()
     return times.user + times.system
 
@@ -254,7 +255,7 @@ def measure(
     for worker in workers:
         worker.start()
     time.sleep(args.ceiling_settle)  # every client connected and warmed before the clock starts
-    before = {name: _cpu(p) for name, p in processes.items()}
+    before = {name: cpu_seconds(p) for name, p in processes.items()}
     go.set()
     results: list[ClientResult] = [out.get(timeout=1800) for _ in workers]
     for worker in workers:
@@ -262,7 +263,7 @@ def measure(
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    after = {name: _cpu(p) for name, p in processes.items()}
+    after = {name: cpu_seconds(p) for name, p in processes.items()}
     tokens = sum(r.tokens for r in results)
     seconds = max(r.last_end for r in results) - min(r.first_start for r in results)
     cpu = {name: (after[name] - before[name]) / tokens * 1000 for name in processes}
@@ -316,10 +317,10 @@ def profile(target: Target, processes: dict[str, psutil.Process], args: argparse
     load.start()
     # Start once the load runs (the target service spends a tenth of a core); its end is waited for.
     busiest = processes.get(target.path, processes["engine"])
-    before = _cpu(busiest)
+    before = cpu_seconds(busiest)
     while load.is_alive():
         time.sleep(1)
-        now = _cpu(busiest)
+        now = cpu_seconds(busiest)
         if now - before > 0.1:
             break
         before = now

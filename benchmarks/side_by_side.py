@@ -59,9 +59,11 @@ def checkout(against: str) -> tuple[Path, str]:
     given = Path(against)
     if given.is_dir():
         return given.resolve(), label_of(given)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{against}^{{commit}}"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    verify = ["git", "rev-parse", "--verify", "--quiet", f"{against}^{{commit}}"]
+    found = subprocess.run(verify, capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        raise SystemExit(f"--against {against}: neither a folder nor a commit of this repository")
+    commit = found.stdout.strip()
     root = Path(tempfile.gettempdir()) / "turnout-against" / commit
     done = root / ".exported"
     if not done.exists():
@@ -90,7 +92,7 @@ def label_of(directory: Path) -> str:
 
 
 def _cpu(processes: dict[str, psutil.Process]) -> dict[str, float]:
-    return {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+    return {name: service_ceiling.cpu_seconds(p) for name, p in processes.items()}
 
 
 async def _block(side: Side, args: argparse.Namespace, rng: random.Random, first: int, measure: bool) -> None:

@@ -33,6 +33,12 @@ def test_a_revision_is_exported_once_with_its_protos_and_labelled_by_its_commit(
     assert marker.exists()  # the second run found the export (and the kernels built in it) and kept it
 
 
+def test_neither_a_folder_nor_a_commit_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit, match="--against no-such-rev: neither a folder nor a commit"):
+        side_by_side.checkout("no-such-rev")
+
+
 def test_a_folder_is_taken_as_it_is() -> None:
     root, label = side_by_side.checkout(str(REPO))
     assert root == REPO and label.split()[0] == side_by_side.label_of(REPO).split()[0]
