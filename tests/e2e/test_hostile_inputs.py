@@ -317,6 +317,16 @@ COMPLETION = st.fixed_dictionaries(
         "model": any_text,
     },
 )
+
+
+def _bounded_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat's null max_tokens means the rest of the context: thousands of the tiny model's tokens (half a
+    minute here), so such a body also gets a small max_completion_tokens, the field that wins over it."""
+    if body.get("max_tokens") is None:
+        body["max_completion_tokens"] = 2
+    return body
+
+
 CHAT_BODY = st.fixed_dictionaries(
     {"messages": _field(st.lists(MESSAGE, min_size=1, max_size=3)), "max_tokens": OPENAI_LIMITS["max_tokens"]},
     optional={
@@ -339,7 +349,7 @@ CHAT_BODY = st.fixed_dictionaries(
         ),
         "chat_template_kwargs": _field(st.dictionaries(any_text, json_values, max_size=2)),
     },
-)
+).map(_bounded_chat)
 GENERATE = st.fixed_dictionaries(
     {"text": _field(st.one_of(any_text, st.lists(any_text, min_size=1, max_size=3)))},
     optional={

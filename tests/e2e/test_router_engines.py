@@ -196,7 +196,7 @@ async def test_load_aware_policies_send_fewer_requests_to_the_slow_engine(
 
     async def client() -> None:
         for _ in range(6):
-            await router.generate(prompt(rng), max_new_tokens=16)
+            await router.generate(prompt(rng), max_new_tokens=8)
 
     await asyncio.gather(*(client() for _ in range(8)))
     slow, *fast = await router.requests_by_engine(backends.routes)
