@@ -42,7 +42,9 @@ def thinking_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     qwen3 reasoning parser and the hermes tool-call parser. Its vocabulary is not padded, so every id
     it samples decodes."""
     model = build_tiny_thinking_llama(tmp_path_factory.mktemp("thinking-e2e"), default_model_dir, pad_vocab=False)
-    argv = ("--reasoning-parser", "qwen3", "--tool-call-parser", "hermes")
+    # A short context, as a small deployment would have: a request with no max_tokens (the docs' examples)
+    # generates the rest of it, 4,000 random tokens at the model's own length.
+    argv = ("--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--max-model-len", "512")
     stack = start_stack(model, tmp_path_factory.mktemp("logs") / "thinking-stack.log", *argv)
     yield stack
     stack.stop()
