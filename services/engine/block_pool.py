@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
+from itertools import compress
+from typing import NoReturn
 
 
 def _hash_block(parent_hash: int | None, tokens: tuple[int, ...]) -> int:
@@ -167,42 +169,61 @@ class BlockPool:
         return True
 
     def check_integrity(self, refs: Mapping[int, int]) -> None:
-        """Raise AssertionError unless the table above holds; refs is the ref count each block should have."""
+        """Raise AssertionError unless the table above holds; refs is the ref count each block should have.
+
+        The passes over the whole pool run in C (set and list operations, `compress`, `count`) and a message
+        is built only for a broken invariant: engine tests check after every step, and a default-sized
+        cache has hundreds of thousands of blocks (building every block's message took a second a check)."""
         n = self.num_blocks
+        ref, keys = self._ref, self._keys
         free, evictable = set(self._free), set(self._evictable)
-        in_use = {b for b in range(n) if self._ref[b] > 0}
-        _check(len(free) == len(self._free), f"free list has duplicates: {sorted(self._free)}")
-        _check(all(0 <= b < n for b in free | evictable | set(refs)), f"block id out of range 0..{n - 1}")
-        _check(not free & evictable, f"blocks both free and evictable: {sorted(free & evictable)}")
-        _check(not free & in_use, f"free blocks with ref > 0: {sorted(free & in_use)}")
-        _check(not evictable & in_use, f"evictable blocks with ref > 0: {sorted(evictable & in_use)}")
-        _check(
-            len(free) + len(evictable) + len(in_use) == n,
-            f"free {len(free)} + evictable {len(evictable)} + in use {len(in_use)} != total {n}; "
-            f"lost blocks: {sorted(set(range(n)) - free - evictable - in_use)}",
-        )
-        for block in range(n):
-            _check(self._ref[block] == refs.get(block, 0), _ref_message(block, self._ref[block], refs.get(block, 0)))
-        for block in free:
-            _check(self._keys[block] is None, f"free block {block} still has a prefix-cache key")
-        for block in evictable:
-            _check(self._keys[block] is not None, f"evictable block {block} has no prefix-cache key")
-        for key, block in self._index.items():
-            _check(
-                self._keys[block] is key, f"index entry {key!r} -> block {block}, whose key is {self._keys[block]!r}"
+        expected = [0] * n
+        for block, count in refs.items():
+            if 0 <= block < n:  # the range is checked below, in its turn
+                expected[block] = count
+        # The blocks with ref > 0: those of `refs` when the counts match (the usual case), without a pass.
+        refs_match = ref == expected
+        in_use = {b for b, c in refs.items() if c > 0} if refs_match else set(compress(range(n), map((0).__lt__, ref)))
+        if len(free) != len(self._free):
+            _fail(f"free list has duplicates: {sorted(self._free)}")
+        groups = [ids for ids in (free, evictable, refs.keys()) if ids]
+        if groups and (min(map(min, groups)) < 0 or max(map(max, groups)) >= n):
+            _fail(f"block id out of range 0..{n - 1}")
+        if free & evictable:
+            _fail(f"blocks both free and evictable: {sorted(free & evictable)}")
+        if free & in_use:
+            _fail(f"free blocks with ref > 0: {sorted(free & in_use)}")
+        if evictable & in_use:
+            _fail(f"evictable blocks with ref > 0: {sorted(evictable & in_use)}")
+        if len(free) + len(evictable) + len(in_use) != n:
+            _fail(
+                f"free {len(free)} + evictable {len(evictable)} + in use {len(in_use)} != total {n}; "
+                f"lost blocks: {sorted(set(range(n)) - free - evictable - in_use)}"
             )
-        num_keyed = sum(k is not None for k in self._keys)
-        _check(num_keyed == len(self._index), f"{num_keyed} blocks have keys but the index has {len(self._index)}")
+        if not refs_match:
+            block = next(b for b in range(n) if ref[b] != expected[b])
+            _fail(_ref_message(block, ref[block], expected[block]))
+        if any(map(keys.__getitem__, free)):  # a key is an object, always true
+            block = next(b for b in free if keys[b] is not None)
+            _fail(f"free block {block} still has a prefix-cache key")
+        if not all(map(keys.__getitem__, evictable)):
+            block = next(b for b in evictable if keys[b] is None)
+            _fail(f"evictable block {block} has no prefix-cache key")
+        for key, block in self._index.items():
+            if keys[block] is not key:
+                _fail(f"index entry {key!r} -> block {block}, whose key is {keys[block]!r}")
+        num_keyed = n - keys.count(None)
+        if num_keyed != len(self._index):
+            _fail(f"{num_keyed} blocks have keys but the index has {len(self._index)}")
 
 
 def _ref_message(block: int, actual: int, expected: int) -> str:
     return f"block {block} has ref count {actual} but {expected} block-table entries point at it"
 
 
-def _check(condition: bool, message: str) -> None:
+def _fail(message: str) -> NoReturn:
     # Not `assert`: the check must still run under `python -O`.
-    if not condition:
-        raise AssertionError(message)
+    raise AssertionError(message)
 
 
 def count_refs(tables: Iterable[list[int]]) -> dict[int, int]:

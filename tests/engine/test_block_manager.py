@@ -257,6 +257,14 @@ def _corrupt_evictable_referenced(bm: BlockManager) -> None:
     bm._pool._evictable[0] = None
 
 
+def _corrupt_free_keyed(bm: BlockManager) -> None:
+    bm._pool._keys[bm._pool._free[0]] = next(iter(bm._pool._index))
+
+
+def _corrupt_evictable_unkeyed(bm: BlockManager) -> None:
+    bm._pool._evictable[bm._pool._free.pop()] = None
+
+
 def _corrupt_cached_with_caching_off(bm: BlockManager) -> None:
     bm.enable_prefix_caching = False
 
@@ -270,6 +278,8 @@ def _corrupt_cached_with_caching_off(bm: BlockManager) -> None:
         (_corrupt_lose_block, "lost blocks: \\[7\\]"),
         (_corrupt_index, "index entry"),
         (_corrupt_evictable_referenced, "evictable blocks with ref > 0"),
+        (_corrupt_free_keyed, "free block 3 still has a prefix-cache key"),
+        (_corrupt_evictable_unkeyed, "evictable block 7 has no prefix-cache key"),
         (_corrupt_cached_with_caching_off, "prefix caching is off"),
     ],
 )
