@@ -9,6 +9,7 @@ turns its own errors into an `error` event.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable
@@ -65,13 +66,15 @@ async def typed_frames(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGen
 
 
 class SSEResponse(StreamingResponse):
-    """A streaming response that always closes its source and calls `on_close`.
+    """A streaming response that stops as soon as the client goes, and always closes its source and calls
+    `on_close` (which cancels the router calls).
 
-    Starlette cancels the sending task when the client disconnects; that task
-    may be waiting in `send` rather than in the generator, in which case the
-    generator would only be closed by the garbage collector. Closing it here
-    and calling `on_close` (which cancels the gRPC calls) makes the stop
-    immediate, and also covers a generator that never started.
+    Starlette streams under an anyio task group when the server speaks ASGI 2.3 (uvicorn does): a task
+    for the body, a cancel scope, and the request's task listening for the disconnect, 170 µs a response
+    here against 7 for the body alone. This streams in the request's own task, and a bare watcher task
+    waits for the disconnect and cancels the request's task, as the cancel scope cancelled the body's:
+    the source stops where it waits, and the request ends normally. Closing the source and calling
+    `on_close` here covers a source waiting in `send` when the cancel came, and one that never started.
     """
 
     def __init__(self, content: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
@@ -82,12 +85,32 @@ class SSEResponse(StreamingResponse):
         )
         self._source = content
         self._on_close = on_close
+        self._client_gone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(self._cancel_when_gone(receive, task))
         try:
-            await super().__call__(scope, receive, send)
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+            # Our own cancel, not the server's: the request ends normally (3.11+ counts cancels).
+            if hasattr(task, "uncancel"):
+                task.uncancel()
         finally:
+            # Runs before the watcher can: a response that completed is never cancelled after the fact.
+            watcher.cancel()
             try:
                 await self._source.aclose()
             finally:
                 self._on_close()
+
+    async def _cancel_when_gone(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        # The body has been read: the next message is the disconnect (uvicorn answers so once the
+        # response is complete too, but by then this watcher has been cancelled).
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._client_gone = True
+        task.cancel()
