@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+from starlette.types import Receive
 
 from gateway import metrics
 from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
@@ -296,7 +297,7 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) ->
     us is `http.disconnect`: waiting on it is a notification, not polling.
     """
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -309,6 +310,8 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) ->
     return task.result()
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return once the client has gone (call it after the body has been read: the next message is then
+    the disconnect; uvicorn also answers so once the response is complete)."""
+    while (await receive())["type"] != "http.disconnect":
         pass

@@ -19,6 +19,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import to_http_error
+from gateway.generation import wait_for_disconnect
 
 DONE = b"data: [DONE]\n\n"
 
@@ -108,9 +109,7 @@ class SSEResponse(StreamingResponse):
                 self._on_close()
 
     async def _cancel_when_gone(self, receive: Receive, task: asyncio.Task[Any]) -> None:
-        # The body has been read: the next message is the disconnect (uvicorn answers so once the
-        # response is complete too, but by then this watcher has been cancelled).
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        # Once the response is complete this watcher has been cancelled already (see `__call__`).
+        await wait_for_disconnect(receive)
         self._client_gone = True
         task.cancel()
