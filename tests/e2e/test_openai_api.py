@@ -150,6 +150,7 @@ def test_many_concurrent_streams_each_equal_their_solo_result(
     # The engine's own count of running requests, polled over one channel while the streams run.
     peak_running = 0
     stop = threading.Event()
+    polling = threading.Event()  # the first poll answered: the streams start only then
 
     def watch_load() -> None:
         nonlocal peak_running
@@ -158,6 +159,7 @@ def test_many_concurrent_streams_each_equal_their_solo_result(
             while not stop.is_set():
                 load = stub.GetLoad(engine_pb2.GetLoadRequest(), timeout=5)
                 peak_running = max(peak_running, load.running_requests)
+                polling.set()
                 time.sleep(0.005)
 
     async def stream_one(aclient: openai.AsyncOpenAI, prompt: str) -> str:
@@ -174,6 +176,8 @@ def test_many_concurrent_streams_each_equal_their_solo_result(
     watcher = threading.Thread(target=watch_load)
     watcher.start()
     try:
+        # On a busy machine the channel's first call can take longer than the eight streams.
+        assert polling.wait(60), "the engine's load was never read"
         streamed = asyncio.run(run_all())
     finally:
         stop.set()
