@@ -10,7 +10,7 @@ which would break the carrier under all of them; a command over ITEM_LIMIT on it
 and only its stream fails (`refuse`, RESOURCE_EXHAUSTED), as its own call's message would have.
 Every answer read is handed to `deliver`. When the call ends or breaks (the server died, restarted
 or stopped), `broken` runs once, with the status every stream still on it fails with, as their own
-calls would have failed.
+calls would have failed (UNAVAILABLE where gRPC lost the server's status: `_status_of_break`).
 
 `CarriedCall` is one carried server-streaming stream read like its own call: `read()` gives each
 response, then None (where a call gives `aio.EOF`); a stream that ended with an error raises that
@@ -48,6 +48,9 @@ Response = TypeVar("Response")
 # A carried stream's end, delivered and not read yet: _EOF, or the error it ended with.
 _EOF = object()
 _End: TypeAlias = aio.AioRpcError | object
+# The details of the status gRPC's aio sets itself when a batch operation fails in its core; the
+# server's status, if it sent one, is lost.
+_CORE_FAILURE = "Internal error from Core"
 
 
 class CarrierCall(Generic[Outgoing]):
@@ -125,7 +128,7 @@ class CarrierCall(Generic[Outgoing]):
                 for answer in message.items:
                     self.deliver(answer)
         except aio.AioRpcError as exc:
-            error = exc
+            error = self._status_of_break(exc)
         except asyncio.CancelledError:
             error = call_error(grpc.StatusCode.CANCELLED, f"{self._what} was closed by this side")
             raise
@@ -133,6 +136,19 @@ class CarrierCall(Generic[Outgoing]):
             self.error = error or call_error(grpc.StatusCode.UNAVAILABLE, f"the server ended {self._what}")
             self._due.set()  # the sender sees the error and ends
             self.broken(self.error)
+
+    def _status_of_break(self, exc: aio.AioRpcError) -> aio.AioRpcError:
+        """The status the streams on a broken carrier fail with: the call's, except where gRPC lost it.
+        A write that fails in gRPC's core (the server died or ended the call while this side was still
+        sending) ends the call with INTERNAL and gRPC's own words (_CORE_FAILURE) instead of the server's
+        status: the server is gone or going, as when the connection breaks, so UNAVAILABLE (and the
+        streams may be tried again), not an internal error of the server's."""
+        if exc.code() is grpc.StatusCode.INTERNAL and exc.details() == _CORE_FAILURE:
+            detail = (
+                f"{self._what} broke while this side was writing (gRPC: {_CORE_FAILURE!r}); the server is gone or going"
+            )
+            return call_error(grpc.StatusCode.UNAVAILABLE, detail)
+        return exc
 
 
 class CarriedCall(Generic[Response]):

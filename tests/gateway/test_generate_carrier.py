@@ -191,6 +191,44 @@ async def test_a_lost_router_fails_its_streams_and_the_next_request_opens_a_new_
             await server.stop(0)
 
 
+class _CoreFailureCall:
+    """A GenerateStream call that ends as gRPC's aio ends one whose write failed in its core (the router
+    died while this side was writing): INTERNAL with gRPC's own words, the router's status lost."""
+
+    def __init__(self, requests: AsyncIterator[inference_pb2.GenerateStreamRequest]) -> None:
+        self._requests = requests
+
+    def __aiter__(self) -> AsyncIterator[inference_pb2.GenerateStreamResponse]:
+        return self._answers()
+
+    async def _answers(self) -> AsyncIterator[inference_pb2.GenerateStreamResponse]:
+        await anext(self._requests)  # the first streams went out
+        raise carried_streams.call_error(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        yield  # an async generator
+
+    def cancel(self) -> bool:
+        return False
+
+
+class _CoreFailureStub:
+    def GenerateStream(self, requests: Any) -> _CoreFailureCall:
+        return _CoreFailureCall(requests)
+
+
+async def test_a_carrier_whose_status_grpc_lost_fails_its_streams_unavailable() -> None:
+    """INTERNAL would be a 500 naming gRPC's core; the router is gone, so UNAVAILABLE: RouterClient waits
+    for it and tries again, else a 503 naming it (seen in the supervisor test's router kill)."""
+    carrier = GenerateCarrier(_CoreFailureStub())  # type: ignore[arg-type]
+    calls = [carrier.generate(_request(f"r{i}"), None) for i in range(2)]
+    try:
+        for call in calls:
+            error = await _error_of(call)
+            assert error.code() is grpc.StatusCode.UNAVAILABLE, error
+            assert "the router's GenerateStream broke" in error.details()
+    finally:
+        await carrier.close()
+
+
 async def test_http_requests_go_over_one_carrier(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
     """The gateway's own client: every HTTP request's Generate is carried (one GenerateStream for all)."""
     replies = await asyncio.gather(
