@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda bench-soak bench-peers kernel-report gpu-check
+.PHONY: install serve model test lint format proto constraints clean bench bench-engine bench-router bench-grammar bench-cuda bench-soak bench-peers bench-startup kernel-report gpu-check
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -86,6 +86,11 @@ bench-soak: model
 # into this venv. ARGS=--servers turnout,vllm --workloads c1 --num-prompts 4 runs a subset.
 bench-peers: model
 	$(PY) -m benchmarks.bench_peers $(ARGS)
+
+# Seconds to SERVING, CPU seconds and memory of each service's start (a restart costs the same),
+# with the default model (docs/benchmarks.md). ARGS="--services tokenizer --repeats 5" for one.
+bench-startup: model
+	$(PY) -m benchmarks.bench_startup $(ARGS)
 
 bench: bench-engine bench-router
 

@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> None:
 
 
 async def _serve(config: TokenizerConfig) -> None:
+    from services.tokenizer.without_torch import keep_torch_out
+
+    keep_torch_out()  # before anything imports transformers
     from services.tokenizer.service import TokenizerServicer
     from services.tokenizer.text_tokenizer import TextTokenizer
     from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve

@@ -1,0 +1,115 @@
+"""How long each service takes to start (docs/benchmarks.md, "A tokenizer without torch").
+
+Each service is started on its own, `--repeats` times, as `turnout serve` starts it (`turnout
+<service> ...`, the internal token in its environment); a start ends when the standard health
+service says SERVING. Per start: wall seconds to SERVING, and the process's CPU seconds (all its
+threads, from /proc) and resident memory at that moment. A restart after a crash costs the same.
+
+The router is given addresses nothing listens on: it serves (and waits for its backends) without
+them, so its number is its own start alone.
+
+    python -m benchmarks.bench_startup [--model DIR] [--services tokenizer engine router]
+        [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnout.child_processes import free_port, grpc_healthy
+from turnout.security import INTERNAL_TOKEN_ENV
+
+SERVICES = ("tokenizer", "engine", "router")
+START_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Start:
+    wall_s: float
+    cpu_s: float
+    rss_mib: float
+    torch_loaded: bool
+
+
+def service_args(service: str, model: Path) -> list[str]:
+    return {
+        "tokenizer": ["tokenizer", "--model", str(model)],
+        "engine": ["engine", "--model", str(model), "--device", "cpu"],
+        "router": ["router", "--tokenizer", "127.0.0.1:1", "--engine", "127.0.0.1:2"],
+    }[service]
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _rss_mib(pid: int) -> float:
+    pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def start_once(service: str, model: Path, log: Path) -> Start:
+    port = free_port()
+    argv = [sys.executable, "-m", "turnout.cli", *service_args(service, model), "--host", "127.0.0.1"]
+    env = {**os.environ, INTERNAL_TOKEN_ENV: os.environ.get(INTERNAL_TOKEN_ENV, "bench-startup")}
+    started = time.monotonic()
+    with log.open("ab") as out:
+        process = subprocess.Popen([*argv, "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        while not grpc_healthy(f"127.0.0.1:{port}"):
+            if process.poll() is not None:
+                raise RuntimeError(f"{service} exited with {process.returncode}; see {log}")
+            if time.monotonic() - started > START_TIMEOUT_S:
+                raise TimeoutError(f"{service} not SERVING after {START_TIMEOUT_S:g} s; see {log}")
+            time.sleep(0.05)
+        wall_s = time.monotonic() - started
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        return Start(wall_s, _cpu_s(process.pid), _rss_mib(process.pid), "libtorch" in maps)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="a model folder (default: the default model)")
+    parser.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES))
+    parser.add_argument("--repeats", type=int, default=3, help="starts per service")
+    parser.add_argument("--log", type=Path, default=Path("bench_startup.log"), help="the services' output")
+    args = parser.parse_args(argv)
+    if args.model is None:
+        from turnout.default_model import prepare_default_model
+
+        args.model = prepare_default_model()
+    print("| service | median s to SERVING | median CPU s | median RSS MiB | torch loaded |")
+    print("| --- | --- | --- | --- | --- |")
+    for service in args.services:
+        starts = [start_once(service, args.model, args.log) for _ in range(args.repeats)]
+        wall = statistics.median(s.wall_s for s in starts)
+        cpu = statistics.median(s.cpu_s for s in starts)
+        rss = statistics.median(s.rss_mib for s in starts)
+        torch_loaded = (
+            "yes"
+            if all(s.torch_loaded for s in starts)
+            else "no"
+            if not any(s.torch_loaded for s in starts)
+            else "sometimes"
+        )
+        print(f"| {service} | {wall:.2f} | {cpu:.2f} | {rss:.0f} | {torch_loaded} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
