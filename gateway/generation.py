@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.types import Receive
 
 from gateway import metrics
+from gateway.disconnect import DisconnectWatch
 from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
 from gateway.generate_carrier import CarriedGenerate
 from turnout.v1 import common_pb2, inference_pb2
@@ -291,27 +291,8 @@ def _add_tool_call_delta(sample: Sample, delta: common_pb2.ToolCallDelta) -> Non
 
 
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Run `work`, cancelling it (and so its gRPC calls) if the client disconnects first.
-
-    The body has been read by now, so the next ASGI message the server has for
-    us is `http.disconnect`: waiting on it is a notification, not polling.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        watcher.cancel()
-    if task.cancelled():
-        raise ClientDisconnected()
-    return task.result()
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    """Return once the client has gone (call it after the body has been read: the next message is then
-    the disconnect; uvicorn also answers so once the response is complete)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    """Run `work` in this task, cancelling it (and so its gRPC calls) if the client disconnects first;
+    then ClientDisconnected."""
+    async with DisconnectWatch(request.receive):
+        return await work
+    raise ClientDisconnected()  # the watch took back the disconnect's cancel

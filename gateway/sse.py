@@ -9,7 +9,6 @@ turns its own errors into an `error` event.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable
@@ -18,8 +17,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from gateway.disconnect import DisconnectWatch
 from gateway.errors import to_http_error
-from gateway.generation import wait_for_disconnect
 
 DONE = b"data: [DONE]\n\n"
 
@@ -72,9 +71,9 @@ class SSEResponse(StreamingResponse):
 
     Starlette streams under an anyio task group when the server speaks ASGI 2.3 (uvicorn does): a task
     for the body, a cancel scope, and the request's task listening for the disconnect, 170 µs a response
-    here against 7 for the body alone. This streams in the request's own task, and a bare watcher task
-    waits for the disconnect and cancels the request's task, as the cancel scope cancelled the body's:
-    the source stops where it waits, and the request ends normally. Closing the source and calling
+    here against 7 for the body alone. This streams in the request's own task under a `DisconnectWatch`
+    (gateway/disconnect.py), whose watcher cancels the request's task as the cancel scope cancelled the
+    body's: the source stops where it waits, and the request ends normally. Closing the source and calling
     `on_close` here covers a source waiting in `send` when the cancel came, and one that never started.
     """
 
@@ -86,30 +85,13 @@ class SSEResponse(StreamingResponse):
         )
         self._source = content
         self._on_close = on_close
-        self._client_gone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        watcher = asyncio.ensure_future(self._cancel_when_gone(receive, task))
         try:
-            await self.stream_response(send)
-        except asyncio.CancelledError:
-            if not self._client_gone:
-                raise
-            # Our own cancel, not the server's: the request ends normally (3.11+ counts cancels).
-            if hasattr(task, "uncancel"):
-                task.uncancel()
+            async with DisconnectWatch(receive):
+                await self.stream_response(send)
         finally:
-            # Runs before the watcher can: a response that completed is never cancelled after the fact.
-            watcher.cancel()
             try:
                 await self._source.aclose()
             finally:
                 self._on_close()
-
-    async def _cancel_when_gone(self, receive: Receive, task: asyncio.Task[Any]) -> None:
-        # Once the response is complete this watcher has been cancelled already (see `__call__`).
-        await wait_for_disconnect(receive)
-        self._client_gone = True
-        task.cancel()

@@ -49,13 +49,26 @@ async def test_stream_disconnect_cancels_the_call(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
-async def test_non_stream_disconnect_cancels_the_call(live_gateway: str, fake_router: FakeRouter) -> None:
+NON_STREAMS = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}]},
+    "/v1/completions": {"prompt": "x"},
+    "/generate": {"text": "x"},
+    "/v1/responses": {"input": "x"},
+}
+
+
+@pytest.mark.parametrize("path", list(NON_STREAMS))
+async def test_non_stream_disconnect_cancels_the_call(
+    live_gateway: str, fake_router: FakeRouter, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
     fake_router.script = _forever
     async with httpx.AsyncClient(base_url=live_gateway, timeout=httpx.Timeout(5.0, read=0.5)) as client:
         with pytest.raises(httpx.ReadTimeout):
-            await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+            await client.post(path, json=NON_STREAMS[path])
     assert len(fake_router.requests) == 1
     await asyncio.wait_for(fake_router.cancelled.wait(), CANCEL_WAIT_S)
+    await asyncio.sleep(0.1)  # the request's own task ends after the cancel
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 async def test_stream_that_completes_answers_normally_over_sockets(live_gateway: str) -> None:
