@@ -87,7 +87,7 @@ bench-soak: model
 bench-peers: model
 	$(PY) -m benchmarks.bench_peers $(ARGS)
 
-# Seconds to SERVING, CPU seconds and memory of each service's start (a restart costs the same),
+# Seconds to SERVING, CPU seconds and memory of each service's start and of the whole stack's (a restart costs the same),
 # with the default model (docs/benchmarks.md). ARGS="--services tokenizer --repeats 5" for one.
 bench-startup: model
 	$(PY) -m benchmarks.bench_startup $(ARGS)

@@ -6,9 +6,10 @@ service says SERVING. Per start: wall seconds to SERVING, and the process's CPU 
 threads, from /proc) and resident memory at that moment. A restart after a crash costs the same.
 
 The router is given addresses nothing listens on: it serves (and waits for its backends) without
-them, so its number is its own start alone.
+them, so its number is its own start alone. `serve` is the whole stack (`turnout serve`, what `make
+serve` runs) until its ready line, with the CPU seconds and memory of the launcher and every child.
 
-    python -m benchmarks.bench_startup [--model DIR] [--services tokenizer engine router]
+    python -m benchmarks.bench_startup [--model DIR] [--services tokenizer engine router serve]
         [--repeats 3]
 """
 
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from turnout.child_processes import free_port, grpc_healthy
+from turnout.ready_summary import READY_PREFIX
 from turnout.security import INTERNAL_TOKEN_ENV
 
-SERVICES = ("tokenizer", "engine", "router")
+SERVICES = ("tokenizer", "engine", "router", "serve")
 START_TIMEOUT_S = 600.0
 
 
@@ -40,11 +42,39 @@ class Start:
 
 
 def service_args(service: str, model: Path) -> list[str]:
+    """The command line, less the port of what is measured."""
+    if service == "serve":
+        ports = ["--engine-port", "--tokenizer-port", "--router-port"]
+        return ["serve", "--model", str(model), *(str(x) for flag in ports for x in (flag, free_port()))]
     return {
         "tokenizer": ["tokenizer", "--model", str(model)],
         "engine": ["engine", "--model", str(model), "--device", "cpu"],
         "router": ["router", "--tokenizer", "127.0.0.1:1", "--engine", "127.0.0.1:2"],
     }[service]
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(parents.get(tree[-1], []))
+    return tree
+
+
+def _started(service: str, port: int, log: Path, size_before: int) -> bool:
+    if service == "serve":  # the launcher's line comes once every child is healthy
+        with log.open("rb") as out:
+            out.seek(size_before)
+            return READY_PREFIX.encode() in out.read()
+    return grpc_healthy(f"127.0.0.1:{port}")
 
 
 def _cpu_s(pid: int) -> float:
@@ -61,19 +91,28 @@ def start_once(service: str, model: Path, log: Path) -> Start:
     port = free_port()
     argv = [sys.executable, "-m", "turnout.cli", *service_args(service, model), "--host", "127.0.0.1"]
     env = {**os.environ, INTERNAL_TOKEN_ENV: os.environ.get(INTERNAL_TOKEN_ENV, "bench-startup")}
+    size_before = log.stat().st_size if log.exists() else 0
     started = time.monotonic()
     with log.open("ab") as out:
         process = subprocess.Popen([*argv, "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        while not grpc_healthy(f"127.0.0.1:{port}"):
+        while not _started(service, port, log, size_before):
             if process.poll() is not None:
                 raise RuntimeError(f"{service} exited with {process.returncode}; see {log}")
             if time.monotonic() - started > START_TIMEOUT_S:
                 raise TimeoutError(f"{service} not SERVING after {START_TIMEOUT_S:g} s; see {log}")
             time.sleep(0.05)
         wall_s = time.monotonic() - started
-        maps = Path(f"/proc/{process.pid}/maps").read_text()
-        return Start(wall_s, _cpu_s(process.pid), _rss_mib(process.pid), "libtorch" in maps)
+        cpu_s = rss_mib = 0.0
+        torch_loaded = False
+        for pid in _process_tree(process.pid):
+            try:
+                cpu_s += _cpu_s(pid)
+                rss_mib += _rss_mib(pid)
+                torch_loaded = torch_loaded or "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                continue  # a short-lived helper that ended meanwhile
+        return Start(wall_s, cpu_s, rss_mib, torch_loaded)
     finally:
         process.terminate()
         try:
@@ -94,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from turnout.default_model import prepare_default_model
 
         args.model = prepare_default_model()
-    print("| service | median s to SERVING | median CPU s | median RSS MiB | torch loaded |")
+    print("| service | median s to SERVING | median CPU s | median RSS MiB | torch loaded |")  # serve: the tree
     print("| --- | --- | --- | --- | --- |")
     for service in args.services:
         starts = [start_once(service, args.model, args.log) for _ in range(args.repeats)]
