@@ -2,8 +2,9 @@
 
 Each service is started on its own, `--repeats` times, as `turnout serve` starts it (`turnout
 <service> ...`, the internal token in its environment); a start ends when the standard health
-service says SERVING. Per start: wall seconds to SERVING, and the process's CPU seconds (all its
-threads, from /proc) and resident memory at that moment. A restart after a crash costs the same.
+service says SERVING. Per start: wall seconds to SERVING, and the CPU seconds (every thread) and
+resident memory of the process and its children at that moment (psutil). A restart after a crash
+costs the same.
 
 The router is given addresses nothing listens on: it serves (and waits for its backends) without
 them, so its number is its own start alone. `serve` is the whole stack (`turnout serve`, what `make
@@ -24,6 +25,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from turnout.child_processes import free_port, grpc_healthy
 from turnout.ready_summary import READY_PREFIX
@@ -55,18 +58,7 @@ def service_args(service: str, model: Path) -> list[str]:
 
 def _process_tree(pid: int) -> list[int]:
     """`pid` and its descendants."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo.extend(parents.get(tree[-1], []))
-    return tree
+    return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
 
 
 def _started(service: str, port: int, log: Path, size_before: int) -> bool:
@@ -75,16 +67,6 @@ def _started(service: str, port: int, log: Path, size_before: int) -> bool:
             out.seek(size_before)
             return READY_PREFIX.encode() in out.read()
     return grpc_healthy(f"127.0.0.1:{port}")
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def _rss_mib(pid: int) -> float:
-    pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def start_once(service: str, model: Path, log: Path) -> Start:
@@ -107,10 +89,13 @@ def start_once(service: str, model: Path, log: Path) -> Start:
         torch_loaded = False
         for pid in _process_tree(process.pid):
             try:
-                cpu_s += _cpu_s(pid)
-                rss_mib += _rss_mib(pid)
-                torch_loaded = torch_loaded or "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-            except OSError:
+                measured = psutil.Process(pid)
+                with measured.oneshot():
+                    times = measured.cpu_times()  # every thread
+                    cpu_s += times.user + times.system
+                    rss_mib += measured.memory_info().rss / 2**20
+                torch_loaded = torch_loaded or any("libtorch" in m.path for m in measured.memory_maps())
+            except psutil.NoSuchProcess:
                 continue  # a short-lived helper that ended meanwhile
         return Start(wall_s, cpu_s, rss_mib, torch_loaded)
     finally:
