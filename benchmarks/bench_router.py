@@ -8,7 +8,9 @@
 3. `--ceiling` (issue 15, benchmarks/service_ceiling.py): the same stack with an engine that costs
    nothing (`--skip-forward`), loaded through the engine's gRPC, the router's gRPC and the
    gateway's HTTP at 64, 256 and 1,024 streams: tokens/s, requests/s and every process's CPU per
-   token, i.e. how fast an engine the service path can keep up with;
+   token, i.e. how fast an engine the service path can keep up with; `--ceiling-forward` keeps the
+   engine's forward pass, for the same measurement against a real engine (a GPU's, with
+   `--random-shape` where the checkpoint is not at hand);
 4. `--against REV` (benchmarks/side_by_side.py): one stream at a time through this checkout's
    stack and another revision's, both up at once and taking turns, for a before/after that the
    machine's drift does not decide.
@@ -18,6 +20,7 @@ calls its first engine while the router sits idle.
 
     python -m benchmarks.bench_router [--model PATH] [--concurrency 64] [--output-len 64]
     python -m benchmarks.bench_router --ceiling [--ceiling-streams 64 256 1024] [--profile DIR]
+    python -m benchmarks.bench_router --ceiling --ceiling-forward --random-shape 1b  # on a GPU host
     python -m benchmarks.bench_router --against REV [--tiny] [--skip-forward] [--single-output-len 8]
 
 Prints Markdown tables (the format of docs/benchmarks.md).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import secrets
@@ -52,13 +56,14 @@ from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, i
 
 @dataclass
 class Run:
-    """One batch of streams: per-stream time to first token, tokens, the wall time, and the gaps
-    between consecutive tokens of each stream (0 between tokens that arrived in one read)."""
+    """One batch of streams: per-stream time to first token and time per output token, tokens, the wall
+    time, and the gaps between consecutive tokens of each stream (0 between tokens that arrived in one read)."""
 
     ttfts: list[float]
     tokens: int
     seconds: float
     gaps: list[float]
+    tpots: list[float]
 
     @property
     def throughput(self) -> float:
@@ -72,6 +77,12 @@ class Run:
     def median_itl_ms(self) -> float:
         """Median inter-token latency: what a client waits between two tokens of one stream."""
         return statistics.median(self.gaps) * 1000 if self.gaps else float("nan")
+
+    @property
+    def median_tpot_ms(self) -> float:
+        """Median of the streams' paces (`Arrivals.tpot`): unlike the gaps', not 0 when tokens come in bursts."""
+        paces = [t for t in self.tpots if not math.isnan(t)]
+        return statistics.median(paces) * 1000 if paces else float("nan")
 
 
 @dataclass
@@ -171,7 +182,8 @@ async def gather_streams(prompts: list[list[int]], one: Callable[[list[int]], Aw
     results = await asyncio.gather(*(one(p) for p in prompts))
     seconds = time.perf_counter() - start
     tokens = sum(len(r.times) for r in results)
-    return Run([r.ttft for r in results], tokens, seconds, [g for r in results for g in r.gaps])
+    gaps = [g for r in results for g in r.gaps]
+    return Run([r.ttft for r in results], tokens, seconds, gaps, [r.tpot for r in results])
 
 
 async def direct_stream(stub: engine_pb2_grpc.EngineStub, prompt: list[int], output_len: int) -> Arrivals:
@@ -208,6 +220,7 @@ async def sequential(run: Callable[[list[list[int]]], Awaitable[Run]], prompts: 
         sum(r.tokens for r in runs),
         sum(r.seconds for r in runs),
         [g for r in runs for g in r.gaps],
+        [t for r in runs for t in r.tpots],
     )
 
 
@@ -312,13 +325,14 @@ def overhead(args: argparse.Namespace, log: Path, extra: list[str]) -> list[str]
     g_tp = statistics.median(r.throughput for r in runs["gateway"])
     d_ttft = statistics.median(r.median_ttft_ms for r in runs["direct"])
     g_ttft = statistics.median(r.median_ttft_ms for r in runs["gateway"])
-    d_itl = statistics.median(r.median_itl_ms for r in runs["direct"])
-    g_itl = statistics.median(r.median_itl_ms for r in runs["gateway"])
+    # Many streams at once get several tokens a read: the pace (TPOT), not the gaps, whose median is then 0.
+    d_itl = statistics.median(r.median_tpot_ms for r in runs["direct"])
+    g_itl = statistics.median(r.median_tpot_ms for r in runs["gateway"])
     rows.append(f"| {n} streams, direct to the engine (gRPC) | {d_tp:.1f} tok/s | {d_ttft:.0f} ms | {d_itl:.2f} ms |")
     rows.append(f"| {n} streams, gateway (HTTP SSE) + router | {g_tp:.1f} tok/s | {g_ttft:.0f} ms | {g_itl:.2f} ms |")
     rows.append(
         f"| ratio / added | **{g_tp / d_tp:.1%}** of direct throughput | **{g_ttft - d_ttft:+.1f} ms** median TTFT "
-        f"| **{g_itl - d_itl:+.2f} ms** median ITL |"
+        f"| **{g_itl - d_itl:+.2f} ms** median TPOT |"
     )
     rows.append("")
     rows.append("| one stream | median TTFT (added) | median ITL (added) | median TPOT (added) |")
@@ -348,10 +362,12 @@ def scale_out(args: argparse.Namespace, log: Path, extra: list[str]) -> list[str
 
 
 def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
-    """The three paths at each concurrency, on one --skip-forward stack; the paths take turns going first."""
+    """The three paths at each concurrency, on one stack (--skip-forward unless --ceiling-forward); the paths
+    take turns going first."""
     model = args.model or service_ceiling.tiny_model(Path(tempfile.mkdtemp()))
     most = max(args.ceiling_streams)
-    extra = ["--skip-forward", "--max-running-requests", str(most), "--max-concurrent-requests", str(most + 64)]
+    extra = [] if args.ceiling_forward else ["--skip-forward"]
+    extra += ["--max-running-requests", str(most), "--max-concurrent-requests", str(most + 64)]
     stack = Serve(model, 1, args.policy, log, extra)
     try:
         stack.wait_ready()
@@ -386,6 +402,8 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
 
 
 def main() -> None:
+    from benchmarks import model_shapes  # torch: not for the client processes, which import this module
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--policy", default="cache_aware")
@@ -399,6 +417,11 @@ def main() -> None:
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--ceiling", action="store_true", help="only the service path's ceiling (--skip-forward)")
+    parser.add_argument(
+        "--ceiling-forward",
+        action="store_true",
+        help="--ceiling with the engine's forward pass: what the path leaves of a real engine (a GPU's)",
+    )
     parser.add_argument("--ceiling-streams", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--ceiling-paths", nargs="+", choices=service_ceiling.PATHS, default=service_ceiling.PATHS)
     parser.add_argument("--ceiling-output-len", type=int, default=128)
@@ -411,6 +434,13 @@ def main() -> None:
         "--profile-path", choices=service_ceiling.PATHS, default="gateway", help="the path whose load is profiled"
     )
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny random model instead of --model")
+    parser.add_argument(
+        "--random-shape",
+        choices=sorted(model_shapes.SHAPES),
+        default=None,
+        help="serve random bf16 weights of this shape (benchmarks/model_shapes.py) with --model's tokenizer "
+        "(the default model's without --model): for a machine without the checkpoint",
+    )
     parser.add_argument(
         "--skip-forward", action="store_true", help="the stacks' engine skips its forward pass (docs/flags.md)"
     )
@@ -428,9 +458,19 @@ def main() -> None:
         "--log", type=Path, default=Path(tempfile.gettempdir()) / "turnout-bench-router.log", help="the stacks' output"
     )
     args = parser.parse_args()
+    if args.tiny and args.random_shape:
+        parser.error("--tiny and --random-shape each choose the model: give one")
+    if args.random_shape:
+        from turnout.default_model import prepare_default_model
+
+        shape = model_shapes.SHAPES[args.random_shape]
+        source = args.model or prepare_default_model()
+        args.model = model_shapes.write_random_checkpoint(shape, Path(tempfile.mkdtemp()), source)
     if args.ceiling:
-        print(f"service path ceiling, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
-              f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
+        engine = "its forward pass" if args.ceiling_forward else "--skip-forward"
+        model = args.model.name if args.model else "tiny"
+        print(f"service path ceiling, engine with {engine}, model {model}, {os.cpu_count()} CPUs, "
+              f"load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
         print("\n".join(ceiling(args, args.log)), flush=True)
         print(f"(load average after: {os.getloadavg()[0]:.1f})")
         return
@@ -454,7 +494,7 @@ def main() -> None:
         print("\n".join(side_by_side.compare(args, args.log, extra)), flush=True)
         return
     if not args.skip_overhead:
-        print("\n| path | throughput | median time to first token | median inter-token latency |")
+        print("\n| path | throughput | median time to first token | median time per output token |")
         print("| --- | --- | --- | --- |")
         print("\n".join(overhead(args, args.log, extra)), flush=True)
     if not args.skip_scale:

@@ -233,3 +233,40 @@ def random_loaded_model(config: EngineConfig, seed: int = 0) -> LoadedModel:
 
     with mock.patch.object(weights, "load_weights", random_weights):
         return load_model(config)
+
+
+def write_random_checkpoint(shape: ModelShape, parent: Path, tokenizer_source: Path, seed: int = 0) -> Path:
+    """A servable model folder of `shape` with random bf16 weights and `tokenizer_source`'s tokenizer.
+
+    For benchmarks of the whole stack on a machine without the real checkpoint (a GPU host a
+    session lends): the vocabulary and special ids are the tokenizer's, so every id a random
+    model picks decodes. Weights are drawn on the GPU when there is one (a 1B shape is ~2.5 GB)."""
+    from dataclasses import replace
+
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    source = json.loads((tokenizer_source / "config.json").read_text())
+    shape = replace(
+        shape,
+        vocab_size=source["vocab_size"],
+        bos_token_id=source.get("bos_token_id", shape.bos_token_id),
+        eos_token_id=source.get("eos_token_id", shape.eos_token_id),
+    )
+    folder = write_model_folder(shape, parent)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        if (tokenizer_source / name).is_file():
+            (folder / name).write_bytes((tokenizer_source / name).read_bytes())
+    with torch.device("meta"):
+        names = LlamaForCausalLM(LlamaConfig(**shape.config_json())).state_dict()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator(device=device).manual_seed(seed)
+    tensors = {}
+    for name, meta in names.items():
+        if name == "lm_head.weight" and shape.tie_word_embeddings:
+            continue  # the embedding is the head
+        tensor = torch.empty(meta.shape, dtype=torch.bfloat16, device=device)
+        tensor.fill_(1.0) if meta.dim() == 1 else tensor.normal_(0.0, WEIGHT_STD, generator=generator)
+        tensors[name] = tensor.cpu()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder

@@ -27,8 +27,10 @@ def test_tokens_read_together_are_zero_apart_and_reads_are_their_time_apart(monk
     burst = Arrivals(start=0.0, times=[1.0, 2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0])  # four tokens a read
     assert statistics.median(burst.gaps) == 0.0 and burst.tpot == 0.25  # the pace, where the gaps say 0
     assert math.isnan(Arrivals(start=0.0, times=[1.0]).tpot)
-    run = Run([arrivals.ttft], len(arrivals.times), 2.0, arrivals.gaps)
-    assert run.median_itl_ms == 250.0 and run.median_ttft_ms == 750.0  # median of 0, 0, 0.5, 0.5 s
+    tpots = [arrivals.tpot, burst.tpot, math.nan]
+    run = Run([arrivals.ttft, burst.ttft], len(arrivals.times), 2.0, arrivals.gaps, tpots)
+    assert run.median_itl_ms == 250.0 and run.median_ttft_ms == 875.0  # gaps: median of 0, 0, 0.5, 0.5 s
+    assert run.median_tpot_ms == 250.0  # a 1-token stream has no pace: left out
 
 
 async def test_the_bare_http_client_counts_events_whose_start_is_split_between_reads() -> None:

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig
 
 from benchmarks.bench_engine import engine_requests, make_prompts
-from benchmarks.model_shapes import SHAPES, random_loaded_model, write_model_folder
+from benchmarks.model_shapes import SHAPES, random_loaded_model, write_model_folder, write_random_checkpoint
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
 from services.engine.models.layers import rope_inv_freq
@@ -68,6 +68,38 @@ def test_random_model_runs_in_the_engine_without_tokenizer_files(tmp_path: Path)
             produced[out.request_id] = produced.get(out.request_id, 0) + len(out.output.token_ids)
     assert produced == {"r0": 7, "r1": 7, "r2": 7}
     engine.block_manager.check_integrity()
+
+
+def test_a_random_checkpoint_is_served_with_the_tokenizer_it_was_given(default_model_dir: Path, tmp_path: Path) -> None:
+    """`bench_router --random-shape`'s model folder: the engine loads it through its own checkpoint reader
+    (no missing or unexpected tensor), and its vocabulary and special ids are the tokenizer's, so every id a
+    random model picks decodes."""
+    from tokenizers import Tokenizer
+
+    from services.engine.model_loader import load_model
+
+    folder = write_random_checkpoint(SHAPES["tiny"], tmp_path, default_model_dir)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    real = AutoConfig.from_pretrained(default_model_dir)
+    ours = AutoConfig.from_pretrained(folder)
+    special = ("vocab_size", "bos_token_id", "eos_token_id")
+    assert [getattr(ours, name) for name in special] == [getattr(real, name) for name in special]
+    assert ours.num_hidden_layers == SHAPES["tiny"].num_layers
+    config = EngineConfig(model=folder, num_kv_blocks=32, max_model_len=256, dtype="float32")
+    loaded = load_model(config)
+    embedding = dict(loaded.model.named_parameters())["model.embed_tokens.weight"]
+    assert embedding.shape == (real.vocab_size, SHAPES["tiny"].hidden_size)
+    assert embedding.std().item() == pytest.approx(0.02, rel=0.05)
+    engine = LLMEngine(config, loaded)
+    for request in engine_requests(engine, make_prompts(2, 5, 12, seed=0, vocab=real.vocab_size), 6, "r"):
+        engine.add_request(request)
+    ids: list[int] = []
+    while engine.has_work():
+        for out in engine.step():
+            ids += out.output.token_ids
+    assert len(ids) == 12 and max(ids) < real.vocab_size
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert all(tokenizer.id_to_token(i) is not None for i in ids)
 
 
 # The fields of meta-llama/Llama-3.1-8B's and Llama-3.2-1B's config.json that decide the shape.
