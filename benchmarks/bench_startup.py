@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,7 +113,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=None, help="a model folder (default: the default model)")
     parser.add_argument("--services", nargs="+", choices=SERVICES, default=list(SERVICES))
     parser.add_argument("--repeats", type=int, default=3, help="starts per service")
-    parser.add_argument("--log", type=Path, default=Path("bench_startup.log"), help="the services' output")
+    parser.add_argument(
+        "--log",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "turnout-bench-startup.log",  # as bench_router's: not in the checkout
+        help="the services' output",
+    )
     args = parser.parse_args(argv)
     if args.model is None:
         from turnout.default_model import prepare_default_model
