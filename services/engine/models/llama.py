@@ -21,6 +21,7 @@ from torch import nn
 
 from services.engine.attention.context import ForwardContext
 from services.engine.models.layers import (
+    Embedding,
     GatedMLP,
     Linear,
     LMHead,
@@ -130,7 +131,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.tensor_parallel = tp is not None
         self.embed_tokens: nn.Module = (
-            nn.Embedding(spec.vocab_size, spec.hidden_size)
+            Embedding(spec.vocab_size, spec.hidden_size)
             if tp is None
             else VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
         )

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
 
+from services.engine.models.checkpoint_config import read_checkpoint_config
 from services.engine.models.layers import MergedLinear
 from services.engine.models.llama import LlamaForCausalLM
 from services.engine.models.registry import model_class
@@ -143,11 +144,11 @@ def _copy_shard(source: Any, dest: torch.Tensor, dim: int, tp: TensorParallel, w
 
 def build_model(
     folder: Path | str, dtype: torch.dtype, device: torch.device | str, tp: TensorParallel | None = None
-) -> tuple[LlamaForCausalLM, PretrainedConfig]:
+) -> tuple[LlamaForCausalLM, SimpleNamespace]:
     """Read config.json, construct the registered model class (with `tp`, this rank's shard of it) and
     load its weights; in eval mode."""
     folder, device = Path(folder), torch.device(device)
-    config = AutoConfig.from_pretrained(folder)  # parsing only: defaults and old/new field names
+    config = read_checkpoint_config(folder)  # as transformers would read it, without importing it
     cls = model_class(config)
     with torch.device("meta"):
         model = cls(config, tp)  # shapes only; load_weights allocates the real tensors

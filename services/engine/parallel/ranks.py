@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from services.engine.config import EngineConfig
+from services.engine.models.checkpoint_config import read_checkpoint_config
 from services.engine.parallel.group import TensorParallel, backend_for, check_divisible
 from turnout.security import ServiceSecurity
 
@@ -96,10 +97,8 @@ class Ranks:
     def start(cls, config: EngineConfig) -> Ranks:
         """Start ranks 1..N-1 and join the group with them as rank 0; ValueError before any
         process starts when the model does not split over N ranks."""
-        from transformers import AutoConfig
-
         world_size = config.tensor_parallel_size
-        check_divisible(AutoConfig.from_pretrained(config.model), world_size)
+        check_divisible(read_checkpoint_config(config.model), world_size)
         device = rank_device(config, 0)
         backend = backend_for(config.distributed_backend, device)
         threads = cpu_threads_per_rank(world_size, device)
