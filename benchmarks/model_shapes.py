@@ -200,16 +200,21 @@ def write_model_folder(shape: ModelShape, parent: Path) -> Path:
     return folder
 
 
+def _draw_(name: str, tensor: torch.Tensor, generator: torch.Generator, std: float) -> None:
+    """A parameter's random value in place: norm weights 1, biases 0, matrices N(0, std)."""
+    if tensor.dim() == 1:
+        tensor.fill_(0.0 if name.endswith("bias") else 1.0)
+    else:
+        tensor.normal_(0.0, std, generator=generator)
+
+
 def fill_random_(model: nn.Module, seed: int, std: float = WEIGHT_STD) -> None:
-    """Draw every parameter in place on its own device: norm weights 1, biases 0, matrices N(0, std)."""
+    """Draw every parameter in place on its own device (`_draw_`)."""
     generator_device = next(model.parameters()).device
     generator = torch.Generator(device=generator_device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.dim() == 1:
-                param.fill_(0.0 if name.endswith("bias") else 1.0)
-            else:
-                param.normal_(0.0, std, generator=generator)
+            _draw_(name, param, generator, std)
 
 
 def random_loaded_model(config: EngineConfig, seed: int = 0) -> LoadedModel:
@@ -246,6 +251,8 @@ def write_random_checkpoint(shape: ModelShape, parent: Path, tokenizer_source: P
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from tests.models import TOKENIZER_FILES
+
     source = json.loads((tokenizer_source / "config.json").read_text())
     shape = replace(
         shape,
@@ -254,7 +261,7 @@ def write_random_checkpoint(shape: ModelShape, parent: Path, tokenizer_source: P
         eos_token_id=source.get("eos_token_id", shape.eos_token_id),
     )
     folder = write_model_folder(shape, parent)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+    for name in TOKENIZER_FILES:
         if (tokenizer_source / name).is_file():
             (folder / name).write_bytes((tokenizer_source / name).read_bytes())
     with torch.device("meta"):
@@ -266,7 +273,7 @@ def write_random_checkpoint(shape: ModelShape, parent: Path, tokenizer_source: P
         if name == "lm_head.weight" and shape.tie_word_embeddings:
             continue  # the embedding is the head
         tensor = torch.empty(meta.shape, dtype=torch.bfloat16, device=device)
-        tensor.fill_(1.0) if meta.dim() == 1 else tensor.normal_(0.0, WEIGHT_STD, generator=generator)
+        _draw_(name, tensor, generator, WEIGHT_STD)
         tensors[name] = tensor.cpu()
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
