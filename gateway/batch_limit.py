@@ -40,14 +40,18 @@ def check_batch_size(request: Request, count: int, param: str) -> None:
 async def gather_bounded(calls: Iterable[Awaitable[T]], limit: int = BATCH_FANOUT) -> list[T]:
     """The results of `calls` in their order, at most `limit` of them awaited at once. The first
     failure cancels the rest and is raised, as asyncio.gather's would be."""
-    numbered = enumerate(calls)  # shared by the workers: each call is taken by exactly one
+    pending = list(calls)
+    if len(pending) == 1:
+        # One prompt, the usual request: awaited in the caller's task, without worker tasks.
+        return [await pending[0]]
+    numbered = enumerate(pending)  # shared by the workers: each call is taken by exactly one
     results: dict[int, T] = {}
 
     async def worker() -> None:
         for index, call in numbered:
             results[index] = await call
 
-    workers = [asyncio.ensure_future(worker()) for _ in range(limit)]
+    workers = [asyncio.ensure_future(worker()) for _ in range(min(limit, len(pending)))]
     try:
         await asyncio.gather(*workers)
     except BaseException:

@@ -159,11 +159,41 @@ class Generation:
     def ready(self) -> bool:
         """Whether more output is already here (events() yields it without waiting): the SSE writer
         then puts the next events in the same socket write."""
-        return self._unread_parts > 0 or (self._queue is not None and not self._queue.empty())
+        if self._unread_parts > 0:
+            return True
+        if self._queue is None:
+            return len(self._calls) == 1 and self._calls[0].has_ready()
+        return not self._queue.empty()
 
     async def events(self) -> AsyncGenerator[Event, None]:
         """Every sample's output in arrival order, one event per response even when the router batched
         several in one message; raises on a failed call or an aborted sample."""
+        try:
+            async with contextlib.aclosing(self._messages()) as messages:
+                async for prompt, message in messages:
+                    parts = (message, *message.batch) if message.batch else (message,)
+                    for k, part in enumerate(parts):
+                        self._unread_parts = len(parts) - k - 1
+                        event = self._apply(prompt, part)
+                        if event is not None:
+                            yield event
+                    self._unread_parts = 0
+            unfinished = [s.index for s in self.samples if s.finish_reason is None]
+            if unfinished:
+                raise HTTPError(502, f"the router ended the stream before samples {unfinished} finished")
+        finally:
+            self.cancel()
+
+    async def _messages(self) -> AsyncGenerator[tuple[int, inference_pb2.GenerateResponse], None]:
+        """(prompt, message) as the router's messages arrive. One call (one prompt, the usual request) is
+        read in the caller's task: a task and a queue between the call and the caller cost a wake-up
+        per message. Several are read each by its own task into one queue, in arrival order."""
+        if len(self._calls) == 1:
+            call, message = self._calls[0], self._firsts[0]
+            while message is not None:
+                yield 0, message
+                message = await call.read()
+            return
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(_QUEUE_SIZE)
         self._queue = queue
         readers = [asyncio.create_task(self._read(p, queue)) for p in range(len(self._calls))]
@@ -176,20 +206,10 @@ class Generation:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    parts = (item, *item.batch) if item.batch else (item,)
-                    for k, part in enumerate(parts):
-                        self._unread_parts = len(parts) - k - 1
-                        event = self._apply(prompt, part)
-                        if event is not None:
-                            yield event
-                    self._unread_parts = 0
-            unfinished = [s.index for s in self.samples if s.finish_reason is None]
-            if unfinished:
-                raise HTTPError(502, f"the router ended the stream before samples {unfinished} finished")
+                    yield prompt, item
         finally:
             for reader in readers:
                 reader.cancel()
-            self.cancel()
 
     async def collect(self) -> list[Sample]:
         """Read to the end; the finished samples in index order."""

@@ -174,6 +174,10 @@ class CarriedCall(Generic[Response]):
             raise item
         return self._items.popleft()  # type: ignore[return-value]
 
+    def has_ready(self) -> bool:
+        """Whether `read` would return (or raise) without waiting."""
+        return bool(self._items)
+
     def ready(self) -> list[Response]:
         """The responses that have arrived and are not read yet, without waiting (the end stays for
         `read`): everything the server sent while this stream's reader was busy."""
