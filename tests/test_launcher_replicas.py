@@ -32,7 +32,7 @@ def test_one_engine_per_gpu_and_the_router_knows_them_all(monkeypatch: pytest.Mo
     assert [option_values(c.argv, "--port") for c in engines] == [["7000"], ["7001"], ["7002"]]
     assert option_values(router.argv, "--engine") == ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]
     assert option_values(router.argv, "--policy") == ["least_load"]
-    assert [c.stage for c in stack.children] == [0, 0, 0, 0, 1, 2]
+    assert [c.stage for c in stack.children] == [0, 0, 0, 0, 1, 1]
 
 
 @pytest.mark.parametrize(("argv", "gpus"), [(["--engines", "2"], None), (["--engines", "2", "--device", "cpu"], "0,1")])
