@@ -22,8 +22,8 @@ from turnout.security import ADMIN_KEY_ENV, INTERNAL_TOKEN_ENV
 # Services the tests start inherit these (tests/credentials.py): the suite runs the secure path.
 os.environ[INTERNAL_TOKEN_ENV] = TEST_INTERNAL_TOKEN
 os.environ[ADMIN_KEY_ENV] = TEST_ADMIN_KEY
-# The engines the tests start get a 0.5 GiB KV pool unless a test asks for another (~22k tokens of the
-# default model, ~2M of the tiny one): the CPU default (4 GiB, at most a tenth of RAM) is allocated and
+# The engines the tests start get a 0.5 GiB KV pool unless a test asks for another (11,648 tokens of the
+# default model in float32, ~1M of the tiny one): the CPU default (4 GiB, at most a tenth of RAM) is allocated and
 # its pages faulted in at every engine start, 1.7 s and 1.9 GiB more per engine on a 24 GiB machine.
 os.environ.setdefault(KV_CACHE_SPACE_ENV, "0.5")
 

@@ -1,5 +1,5 @@
-"""How a request reads its router calls: a one-prompt request in its own task, several prompts through
-reader tasks, and what `ready()` tells the SSE writer about the next socket write."""
+"""How a request reads its router calls: a one-prompt request in its own task, several prompts each
+to the end, and what `ready()` tells the SSE writer about the next socket write."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ async def test_a_one_prompt_request_reads_its_call_in_its_own_task() -> None:
     async def deliver_later() -> None:
         await asyncio.sleep(0)
         call.respond(_chunk(0, "b", 2))
-        call.respond(_chunk(0, "c", 3))  # several at once: each but the last is followed by a ready one
+        call.respond(_chunk(0, "c", 3))  # several at once: each is followed by something ready
         call.respond(_complete(0))
         call.end(common_pb2.StreamEnd())
 
@@ -68,7 +68,7 @@ async def test_ready_events_of_one_call_go_out_in_one_write() -> None:
     assert writes == [b'data: {"text":"p0:a"}\n\ndata: {"text":"b"}\n\ndata: {"text":""}\n\ndata: [DONE]\n\n']
 
 
-async def test_several_prompts_are_read_in_arrival_order() -> None:
+async def test_several_prompts_are_each_read_to_the_end() -> None:
     generation, calls = _generation(3)
     for p in (2, 0, 1):
         calls[p].respond(_complete(0))
