@@ -1,6 +1,7 @@
 """Grammar compiles in worker processes: a pathological schema runs into --grammar-compile-timeout
 and its worker is killed and replaced; a compile nobody waits for any more is stopped; a worker
-that crashes is replaced; a grammar that matches nothing is refused at compile time."""
+that crashes is replaced; a grammar that matches nothing is refused at compile time; a worker
+starts while the engine makes the TokenizerInfo it needs."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
+from services.engine.grammar import xgrammar_build
+from services.engine.grammar.compile_worker import CompileWorker
 from services.engine.grammar.compiler import CompileCancelled, GrammarCompiler
 from services.engine.grammar.constraint import Constraint
 from services.engine.model_loader import LoadedModel, load_model
@@ -121,3 +125,51 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _new_workers(before: set[int]) -> list[int]:
+    """Processes started by multiprocessing's spawn since `before` (its resource tracker is not one), alive."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if (
+                child.pid not in before
+                and child.status() != psutil.STATUS_ZOMBIE
+                and "spawn_main" in " ".join(child.cmdline())
+            ):
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def test_the_worker_starts_while_the_tokenizer_info_is_made(vocab: ModelVocab) -> None:
+    """An engine's first grammar waits for loading the tokenizer and for a new process's imports side
+    by side, not one after the other: the process is running by the time the TokenizerInfo is asked for."""
+    before = {p.pid for p in psutil.Process().children()}
+    running_meanwhile: list[int] = []
+
+    def tokenizer_info_json() -> str:
+        running_meanwhile.extend(_new_workers(before))
+        return str(vocab.tokenizer_info.serialize_json())
+
+    worker = CompileWorker(tokenizer_info_json, xgrammar_build.build)
+    try:
+        assert running_meanwhile == [worker.process.pid]
+        assert worker.compile(DIGITS, timeout_s=120)  # and it compiles against that TokenizerInfo
+    finally:
+        worker.kill()
+
+
+def test_a_tokenizer_info_that_cannot_be_made_leaves_no_worker_behind(vocab: ModelVocab) -> None:
+    before = {p.pid for p in psutil.Process().children()}
+    started: list[int] = []
+
+    def no_tokenizer() -> str:
+        started.extend(_new_workers(before))
+        raise InvalidArgument("the served model's folder has no tokenizer files")
+
+    with pytest.raises(InvalidArgument, match="no tokenizer files"):
+        CompileWorker(no_tokenizer, xgrammar_build.build)
+    assert len(started) == 1
+    wait_until(lambda: not _new_workers(before), "the started worker to be gone", timeout_s=30)

@@ -7,8 +7,12 @@ serialized), compiles one constraint at a time and sends the result back seriali
 whose metadata is the same. xgrammar's own cache is off in the worker: the engine's cache
 (compiler.py) keeps the compiled grammars, so killing a worker loses nothing.
 
-    engine -> worker   Constraint
+    engine -> worker   the serialized TokenizerInfo once, then Constraints
     worker -> engine   ("ready",) once started, then per constraint ("ok", serialized) or ("error", message)
+
+The worker is started before the TokenizerInfo is made, and reads it once it has imported xgrammar:
+the engine's first grammar pays for the two (loading the tokenizer, ~4 s; a new process importing
+xgrammar and torch, ~3.5 s) side by side rather than one after the other.
 
 Workers are started with `spawn` (the engine has threads; forking them is unsafe) and die with
 the engine (PR_SET_PDEATHSIG, and EOF on their pipe).
@@ -49,18 +53,27 @@ class WorkerDied(Exception):
 
 
 class CompileWorker:
-    def __init__(self, tokenizer_info_json: str, build: Build) -> None:
+    def __init__(self, tokenizer_info_json: Callable[[], str], build: Build) -> None:
+        """`tokenizer_info_json` is called while the new process starts (it may load the tokenizer)."""
         context = multiprocessing.get_context("spawn")
         # Set before the process is killed: once set, the worker is never used again. `is_alive()` alone
         # cannot say so, since two threads reaping one process (the killer's join and the slot's poll)
         # can leave the loser believing it still runs.
         self._killed = False
         self._conn, child = context.Pipe()
-        self.process = context.Process(
-            target=_serve, args=(child, tokenizer_info_json, build), name="grammar-compile", daemon=True
-        )
+        self.process = context.Process(target=_serve, args=(child, build), name="grammar-compile", daemon=True)
         self.process.start()
         child.close()
+        try:
+            info = tokenizer_info_json()
+        except BaseException:
+            self.kill()
+            raise
+        try:
+            self._conn.send(info)
+        except (EOFError, OSError):
+            self.kill()
+            raise Unavailable(f"the grammar compile worker exited at start ({self.process.exitcode})") from None
         if not self._conn.poll(STARTUP_TIMEOUT_S):
             self.kill()
             raise Unavailable(f"the grammar compile worker did not start within {STARTUP_TIMEOUT_S:g} s")
@@ -98,13 +111,17 @@ class CompileWorker:
             self.process.join(timeout=10)
 
 
-def _serve(conn: Connection, tokenizer_info_json: str, build: Build) -> None:
+def _serve(conn: Connection, build: Build) -> None:
     # The engine ends its workers; a terminal's Ctrl-C, sent to the whole process group, is the engine's.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    import xgrammar as xgr
+    import xgrammar as xgr  # while the engine makes the TokenizerInfo
 
+    try:
+        tokenizer_info_json = conn.recv()
+    except (EOFError, OSError):
+        return
     info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
     compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
     conn.send(("ready",))

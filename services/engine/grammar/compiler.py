@@ -209,7 +209,7 @@ class GrammarCompiler:
         return str(self.vocab.tokenizer_info.serialize_json())
 
     def _start_worker(self) -> CompileWorker:
-        worker = CompileWorker(self._tokenizer_info_json, self._build)
+        worker = CompileWorker(lambda: self._tokenizer_info_json, self._build)
         with self._lock:
             self._workers.add(worker)
         return worker
