@@ -190,8 +190,15 @@ def tiny_model(tiny_folder: Path) -> LlamaForCausalLM:
     return model
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("batch", [1, 3, 6, 9, 16])
+# Batches padded to 1, 4, 8, 16 and 16 rows. The Triton backend runs in Triton's interpreter here, at
+# seconds a row: its largest case is 9, which replays the 16-row graph with 7 padding rows; a full 16
+# (12 s there, nothing padded) runs on the torch backend only.
+PADDED_CASES = [
+    (batch, backend) for backend in BACKENDS for batch in (1, 3, 6, 9, 16) if (batch, backend) != (16, "triton")
+]
+
+
+@pytest.mark.parametrize(("batch", "backend"), PADDED_CASES)
 def test_padded_run_equals_the_unpadded_batch_and_keeps_padding_out_of_the_cache(
     tiny_model: LlamaForCausalLM, backend: str, batch: int
 ) -> None:
