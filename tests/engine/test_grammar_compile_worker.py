@@ -155,7 +155,7 @@ def test_the_worker_starts_while_the_tokenizer_info_is_made(vocab: ModelVocab) -
 
     worker = CompileWorker(tokenizer_info_json, xgrammar_build.build)
     try:
-        assert running_meanwhile == [worker.process.pid]
+        assert worker.process.pid in running_meanwhile
         assert worker.compile(DIGITS, timeout_s=120)  # and it compiles against that TokenizerInfo
     finally:
         worker.kill()
@@ -171,5 +171,5 @@ def test_a_tokenizer_info_that_cannot_be_made_leaves_no_worker_behind(vocab: Mod
 
     with pytest.raises(InvalidArgument, match="no tokenizer files"):
         CompileWorker(no_tokenizer, xgrammar_build.build)
-    assert len(started) == 1
-    wait_until(lambda: not _new_workers(before), "the started worker to be gone", timeout_s=30)
+    assert started  # the worker was running when the TokenizerInfo failed
+    wait_until(lambda: not set(started) & set(_new_workers(before)), "the started worker to be gone", timeout_s=30)
