@@ -38,6 +38,32 @@ def test_a_busy_port_is_named_with_its_flag_and_holder(held_port: int) -> None:
     assert "pytest" in problems[0] or "python" in problems[0]  # this very process, by its command line
 
 
+def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel may give the port of a socket just closed to the next bind: a CI run's stack got the
+    # same port for its engine and its tokenizer. Here the kernel answers the same port twice in a row.
+    ports = iter([49001, 49001, 49002])
+
+    class ScriptedSocket:
+        def __init__(self, *args: object) -> None:
+            self.port = next(ports)
+
+        def __enter__(self) -> ScriptedSocket:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            pass
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr("turnout.child_processes._handed_out", set())
+    monkeypatch.setattr("turnout.child_processes.socket.socket", ScriptedSocket)
+    assert [free_port(), free_port()] == [49001, 49002]
+
+
 def test_a_port_given_twice_is_a_problem() -> None:
     port = free_port()
     problems = port_problems(

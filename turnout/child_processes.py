@@ -19,6 +19,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -41,10 +42,23 @@ STOP_GRACE_S = 8.0
 _PR_SET_PDEATHSIG = 1
 
 
+# Every port `free_port` handed out in this process, with the lock that guards the set.
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, and one this process never handed out before: the kernel may
+    give the port of a socket just closed to the next bind, so two calls in a row (the launcher's
+    engine and tokenizer ports) could otherwise return the same port."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        with _handed_out_lock:
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 # In each child's environment: the launcher's pid, for `die_with_launcher`.
