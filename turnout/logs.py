@@ -152,7 +152,10 @@ class BackgroundHandler(logging.handlers.QueueHandler):
         self._records.put(record)  # blocks while the queue is full
 
     def flush(self) -> None:
-        self._records.join()
+        # Once closed, nothing takes records off the queue: waiting for it would never end (logging.shutdown
+        # at exit flushes every handler still attached, a closed one too).
+        if self._listener._thread is not None:
+            self._records.join()
         self.target.flush()
 
     def close(self) -> None:

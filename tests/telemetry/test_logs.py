@@ -4,6 +4,7 @@ served on every line (without passing it), trace ids while a span is current, on
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import sys
@@ -27,10 +28,21 @@ def _restore_logging() -> Iterator[None]:
     handlers, level = list(root.handlers), root.level
     yield
     for handler in root.handlers:
-        if isinstance(handler, BackgroundHandler):
+        if isinstance(handler, BackgroundHandler) and handler not in handlers:  # the ones put back stay open
             handler.close()
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def test_a_closed_handler_still_attached_flushes_at_once() -> None:
+    # logging.shutdown flushes every attached handler at exit; one closed earlier used to wait forever for
+    # a queue nothing reads any more, and the process never exited.
+    handler = BackgroundHandler(logging.StreamHandler(io.StringIO()))
+    handler.close()
+    handler.handle(logging.LogRecord("t", logging.INFO, __file__, 1, "after close", None, None))
+    done = threading.Event()
+    threading.Thread(target=lambda: (handler.flush(), done.set()), daemon=True).start()
+    assert done.wait(10), "flush waited for a queue nothing reads"
 
 
 def logged(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
