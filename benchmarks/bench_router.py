@@ -368,6 +368,7 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
     most = max(args.ceiling_streams)
     extra = [] if args.ceiling_forward else ["--skip-forward"]
     extra += ["--max-running-requests", str(most), "--max-concurrent-requests", str(most + 64)]
+    extra += ["--api-server-count", str(args.api_server_count)]
     stack = Serve(model, 1, args.policy, log, extra)
     try:
         stack.wait_ready()
@@ -427,6 +428,9 @@ def main() -> None:
     parser.add_argument("--ceiling-output-len", type=int, default=128)
     parser.add_argument("--ceiling-requests", type=int, default=2, help="requests each stream sends in turn")
     parser.add_argument("--ceiling-settle", type=float, default=3.0, help="seconds for the clients to warm up")
+    parser.add_argument(
+        "--api-server-count", type=int, default=1, help="gateway processes of the --ceiling stack (their CPU summed)"
+    )
     parser.add_argument("--clients", type=int, default=2, help="client processes the load is split among")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the services under the gateway load")
     parser.add_argument("--profile-seconds", type=int, default=10)

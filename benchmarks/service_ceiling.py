@@ -203,9 +203,22 @@ class Measured:
         return self.requests / self.seconds
 
 
-def service_processes(serve_pid: int) -> dict[str, psutil.Process]:
-    """The stack's service processes by name (`python -m turnout.cli NAME ...`; the first replica of each)."""
-    found: dict[str, psutil.Process] = {}
+@dataclass
+class ServiceProcesses:
+    """One service's processes: one, or its replicas (`--api-server-count` gateways); profiled by the first's
+    pid, and its CPU is theirs together."""
+
+    processes: list[psutil.Process]
+
+    @property
+    def pid(self) -> int:
+        return self.processes[0].pid
+
+
+def service_processes(serve_pid: int) -> dict[str, ServiceProcesses]:
+    """The stack's service processes by name (`python -m turnout.cli NAME ...`). Engines count as the first
+    one only: a stack here runs one; gateways count all together."""
+    found: dict[str, ServiceProcesses] = {}
     for child in psutil.Process(serve_pid).children(recursive=True):
         try:
             argv = child.cmdline()
@@ -213,20 +226,23 @@ def service_processes(serve_pid: int) -> dict[str, psutil.Process]:
             continue
         if "turnout.cli" in argv:
             name = argv[argv.index("turnout.cli") + 1]
-            if name in SERVICES and name not in found:
-                found[name] = child
+            if name not in SERVICES:
+                continue
+            if name not in found:
+                found[name] = ServiceProcesses([child])
+            elif name == "gateway":
+                found[name].processes.append(child)
     return found
 
 
-def cpu_seconds(process: psutil.Process) -> float:
-    """User and system CPU seconds of every thread of `process` so far."""
-    times = process.cpu_times()
-    return times.user + times.system
+def cpu_seconds(service: ServiceProcesses) -> float:
+    """User and system CPU seconds of every thread of the service's processes so far."""
+    return sum(times.user + times.system for times in (p.cpu_times() for p in service.processes))
 
 
 def measure(
     target: Target,
-    processes: dict[str, psutil.Process],
+    processes: dict[str, ServiceProcesses],
     args: argparse.Namespace,
     streams: int,
     seed: int,
@@ -294,7 +310,7 @@ def tiny_model(root: Path) -> Path:
     return build_tiny_llama(root / "tiny-llama", prepare_default_model())
 
 
-def profile(target: Target, processes: dict[str, psutil.Process], args: argparse.Namespace, out: Path) -> None:
+def profile(target: Target, processes: dict[str, ServiceProcesses], args: argparse.Namespace, out: Path) -> None:
     """py-spy every service in turn (--profile-seconds each) while `target` carries the largest load but
     one; print each one's top frames (own time, and time with callees) from the collapsed stacks it
     writes to `out`."""

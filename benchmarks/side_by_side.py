@@ -29,8 +29,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from benchmarks import service_ceiling
 from benchmarks.bench_router import Arrivals, Serve, direct_stream, raw_http_stream, router_stream
 from turnout.grpc_server import client_channel
@@ -49,7 +47,7 @@ class Side:
     stack: Serve
     arrivals: dict[str, list[Arrivals]] = field(default_factory=lambda: {p: [] for p in PATH_NAMES})
     cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(service_ceiling.SERVICES, 0.0))
-    processes: dict[str, psutil.Process] = field(default_factory=dict)
+    processes: dict[str, service_ceiling.ServiceProcesses] = field(default_factory=dict)
 
 
 def checkout(against: str) -> tuple[Path, str]:
@@ -91,7 +89,7 @@ def label_of(directory: Path) -> str:
     return (found.stdout.strip() or directory.name) + (" with changes" if dirty else "")
 
 
-def _cpu(processes: dict[str, psutil.Process]) -> dict[str, float]:
+def _cpu(processes: dict[str, service_ceiling.ServiceProcesses]) -> dict[str, float]:
     return {name: service_ceiling.cpu_seconds(p) for name, p in processes.items()}
 
 

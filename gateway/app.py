@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI
 from fastapi.telemetry import TelemetryConfig
@@ -28,7 +29,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import install_handlers
 from gateway.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, RootPathMiddleware
 from gateway.request_id import RequestIdMiddleware
-from gateway.responses_store import ResponseStore
+from gateway.responses_store import ResponseStore, SharedResponseStore
 from gateway.router_client import RouterClient
 from gateway.text_validity import refuse_invalid_text
 from turnout import __version__
@@ -77,7 +78,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.config = config
     # Reported as every model's `created`: the contract has no creation time.
     app.state.created = int(time.time())
-    app.state.responses = ResponseStore(config.responses_store_size)
+    app.state.responses = (
+        SharedResponseStore(Path(config.responses_store_file), config.responses_store_size)
+        if config.responses_store_file
+        else ResponseStore(config.responses_store_size)
+    )
     install_handlers(app)
     app.state.metrics = metrics.GatewayMetrics()
     app.add_middleware(metrics.Observability, metrics=app.state.metrics)

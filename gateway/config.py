@@ -52,7 +52,8 @@ class GatewayConfig:
     `allowed_*` / `allow_credentials`: the CORS policy (vLLM's flags and defaults).
     `root_path`: the prefix a reverse proxy serves the gateway under.
     `max_request_bytes`: larger request bodies are answered 413.
-    `responses_store_size`: most responses `/v1/responses` keeps (an LRU in memory).
+    `responses_store_size`: most responses `/v1/responses` keeps (an LRU).
+    `responses_store_file`: where that LRU lives when several gateway processes share it (SQLite).
     `max_client_batch_size`: most prompts (or texts, or token lists) in one request's batch
     (TGI's `--max-client-batch-size`); a larger batch is answered 400.
     """
@@ -91,6 +92,12 @@ class GatewayConfig:
     responses_store_size: int = flag(
         DEFAULT_RESPONSES_STORE_SIZE,
         "most responses /v1/responses keeps for previous_response_id (least recently used go first); 0: none",
+    )
+    responses_store_file: str | None = flag(
+        None,
+        "keep the /v1/responses store in this SQLite file, shared by every gateway process that names it "
+        "(turnout serve --api-server-count gives its gateways one); default: in this process's memory",
+        metavar="PATH",
     )
     # vLLM's --response-role: the role of the assistant's message in chat completion responses.
     response_role: str = flag("assistant", "role of the reply message in chat completions")

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
+import socket
 
 from gateway.config import GatewayConfig
 from turnout.flag_parser import FlagParser
 from turnout.flags import add_flags, config_kwargs
+from turnout.gateway_replicas import SHARED_SOCKET_ENV
 from turnout.gc_heap import freeze_startup_heap
 from turnout.security import ServiceSecurity, add_security_flags
 from turnout.telemetry.service_setup import add_observability_flags, setup_observability
@@ -68,18 +71,24 @@ def run(args: argparse.Namespace) -> None:
     # itself: stop accepting, drain in-flight requests, run the lifespan shutdown.
     tls = config.security.tls
     https = tls is not None and tls.serves_tls
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config),
-            host=config.host,
-            port=config.port,
-            log_config=None,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            # HTTPS with the service's certificate (clients are not asked for one).
-            ssl_certfile=str(tls.certfile) if https and tls is not None else None,
-            ssl_keyfile=str(tls.keyfile) if https and tls is not None else None,
-        )
+    uvicorn_config = uvicorn.Config(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        log_config=None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # HTTPS with the service's certificate (clients are not asked for one).
+        ssl_certfile=str(tls.certfile) if https and tls is not None else None,
+        ssl_keyfile=str(tls.keyfile) if https and tls is not None else None,
     )
+    server = uvicorn.Server(uvicorn_config)
+    sockets: list[socket.socket] | None = None
+    shared = os.environ.pop(SHARED_SOCKET_ENV, None)
+    if shared is not None:
+        # One of several gateways (turnout/gateway_replicas.py): clients reach it on the public socket
+        # the launcher bound and shares with every gateway; --host/--port is this process's own, where
+        # the launcher probes its health.
+        sockets = [uvicorn_config.bind_socket(), socket.socket(fileno=int(shared))]
     # uvicorn shuts down gracefully, then raises the signal it handled again to end the process the
     # way that signal would. Handled here like uvicorn handles it, SIGTERM ends with exit status 0
     # instead of death by signal (and one that comes before uvicorn listens still stops it); Ctrl-C
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, server.handle_exit)
     freeze_startup_heap()  # the app is built: what is alive now lives as long as the process
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=sockets)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ there.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -38,8 +39,10 @@ from fastapi.responses import Response
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from turnout.gateway_replicas import MULTIPROC_DIR_ENV
 from turnout.telemetry import exposition, tracing
 from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from turnout.telemetry.metrics_service import scrape
@@ -195,14 +198,23 @@ router = APIRouter()
 
 @router.get("/metrics")
 async def metrics_endpoint(request: Request) -> Response:
-    metrics: GatewayMetrics = request.app.state.metrics
-    own = generate_latest(metrics.registry).decode()
+    own = _own_page(request.app.state.metrics)
     client = request.app.state.router
     if client.channel is None:  # an app built around bare stubs (tests): no stack to ask
         return Response(own, media_type=CONTENT_TYPE_LATEST)
     stack = await scrape(client.channel, ROUTER_SCRAPE_TIMEOUT_S, BACKEND_SCRAPE_TIMEOUT_S)
     page = await asyncio.to_thread(_stack_page, own, stack, client.address)
     return Response(page, media_type=CONTENT_TYPE_LATEST)
+
+
+def _own_page(metrics: GatewayMetrics) -> str:
+    """This gateway's series; with several gateway processes (`turnout serve --api-server-count`, which
+    gives them one PROMETHEUS_MULTIPROC_DIR), every one's, summed: a scrape reaches any of them."""
+    if not os.environ.get(MULTIPROC_DIR_ENV):
+        return generate_latest(metrics.registry).decode()
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return generate_latest(registry).decode()
 
 
 def _stack_page(own: str, stack: str | None, router_address: str) -> bytes:

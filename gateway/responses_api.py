@@ -6,7 +6,8 @@ router's `GenerateRequest`, so the template, tools, structured outputs and
 sampling are chat's. `responses_output` shapes what comes back. Streams are
 OpenAI's typed events, each framed `event: {type}` + `data: {json}`, with no
 `[DONE]` (OpenAI sends none). Stored responses (`store`, default true) live in
-the gateway's bounded `ResponseStore`.
+the gateway's bounded store (`responses_store.py`: in memory, or in an SQLite file that
+several gateway processes share).
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from gateway.protocol import ChatMessageIn
 from gateway.responses_input import chat_completion, input_messages, output_messages
 from gateway.responses_output import ResponseBuilder, new_id
 from gateway.responses_protocol import ResponsesRequest
-from gateway.responses_store import ResponseStore
+from gateway.responses_store import ResponseStoreLike
 from gateway.router_client import router_of
 
 router = APIRouter()
 
 
-def store_of(request: Request) -> ResponseStore:
-    store: ResponseStore = request.app.state.responses
+def store_of(request: Request) -> ResponseStoreLike:
+    store: ResponseStoreLike = request.app.state.responses
     return store
 
 

@@ -110,6 +110,8 @@ class Child:
     metrics_port: int | None = None
     # The port its health is probed on: a health answer counts only while the child holds it.
     port: int | None = None
+    # File descriptors it inherits (the gateways' shared socket).
+    pass_fds: tuple[int, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     output: OutputTail | None = None
 
@@ -117,7 +119,7 @@ class Child:
         log.info("starting", extra={"child": self.name, "argv": self.argv, "env": self.env or {}})
         tty = "1" if stderr_is_terminal() else "0"
         env = {**os.environ, **(self.env or {}), LAUNCHER_PID_ENV: str(os.getpid()), TTY_ENV: tty}
-        self.process = subprocess.Popen(self.argv, env=env, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(self.argv, env=env, stderr=subprocess.PIPE, pass_fds=self.pass_fds)
         assert self.process.stderr is not None
         self.output = OutputTail(self.process.stderr, self.name)
 
@@ -134,9 +136,11 @@ class Child:
 
 
 class Stack:
-    def __init__(self, children: list[Child]) -> None:
+    def __init__(self, children: list[Child], on_stopped: Callable[[], None] | None = None) -> None:
         self.children = children
         self.stopping = False
+        # Runs once every child has stopped: what the children shared goes then.
+        self._on_stopped = on_stopped
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
@@ -202,6 +206,9 @@ class Stack:
             log.info("child stopped", extra={"child": child.name, "returncode": child.process.returncode})
             if child.output is not None:
                 child.output.join(timeout_s=1.0)  # its last lines reach our stderr before we exit
+        if self._on_stopped is not None:
+            self._on_stopped()
+            self._on_stopped = None
 
     def _dead_child(self) -> Child | None:
         return next((c for c in self.children if c.exited is not None), None)

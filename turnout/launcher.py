@@ -4,6 +4,7 @@
 on a machine with several GPUs each replica sees one (`CUDA_VISIBLE_DEVICES`),
 round-robin over the GPUs when there are more replicas than GPUs; on the CPU the
 replicas split the cores between their thread pools (`OMP_NUM_THREADS`).
+`--api-server-count N` starts N gateways on the one HTTP port (gateway_replicas.py).
 
 `--metrics` gives every gRPC service a free Prometheus port (printed once the stack is up; the
 gateway always serves `/metrics` on its HTTP port), and the launcher one for its restart
@@ -32,12 +33,14 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
 from turnout.flag_parser import FlagParser
+from turnout.gateway_replicas import GatewayReplicas
 from turnout.model_reference import ModelNotFound, ResolvedModel
 from turnout.model_reference import resolve as resolve_model
 from turnout.port_check import PlannedPort, port_problems
@@ -159,10 +162,7 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
     router += ["--host", "127.0.0.1", "--port", str(ports["router"]), *child_flags(args, ROUTER)]
     gateway = [*turnout, "gateway", "--router", addr["router"], *child_flags(args, GATEWAY)]
     tokenizer_metrics, router_metrics = metrics_port(), metrics_port()
-    probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    scheme = "https" if args.ssl_certfile else "http"
-    health_url = f"{scheme}://{probe_host}:{args.port}/health"
-    ca_certs = str(args.ssl_ca_certs) if args.ssl_ca_certs else None
+    gateways, replicas = gateway_children(args, gateway + common)
     return Stack(
         [
             *engines,
@@ -182,10 +182,36 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
                 metrics_port=router_metrics,
                 port=ports["router"],
             ),
-            # Started with the router: its /health is 503 until the router has a healthy engine.
-            Child("gateway", gateway + common, lambda: http_healthy(health_url, ca_certs), 1, port=args.port),
-        ]
+            *gateways,
+        ],
+        on_stopped=replicas.close if replicas is not None else None,
     )
+
+
+def gateway_children(args: argparse.Namespace, argv: list[str]) -> tuple[list[Child], GatewayReplicas | None]:
+    """The gateway, or with --api-server-count N the N gateways sharing the HTTP port (gateway_replicas.py)
+    and what they share. Started with the router: a gateway's /health is 503 until the router has a
+    healthy engine."""
+    scheme = "https" if args.ssl_certfile else "http"
+    ca_certs = str(args.ssl_ca_certs) if args.ssl_ca_certs else None
+
+    def healthy(host: str, port: int) -> Callable[[], bool]:
+        return lambda: http_healthy(f"{scheme}://{host}:{port}/health", ca_certs)
+
+    if args.api_server_count == 1:
+        probe_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        return [Child("gateway", argv, healthy(probe_host, args.port), 1, port=args.port)], None
+    replicas = GatewayReplicas(args.host, args.port)
+    children = []
+    for i in range(args.api_server_count):
+        own = free_port()
+        # The later --host/--port win over the public ones child_flags wrote: this gateway's own port.
+        own_argv = [*argv, *replicas.flags(), "--host", "127.0.0.1", "--port", str(own)]
+        child = Child(
+            f"gateway{i}", own_argv, healthy("127.0.0.1", own), 1, replicas.env(), port=own, pass_fds=(replicas.fd,)
+        )
+        children.append(child)
+    return children, replicas
 
 
 def build_parser(parser: FlagParser | None = None) -> FlagParser:

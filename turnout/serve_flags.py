@@ -43,6 +43,11 @@ class ServeConfig:
         "listens on that port + i",
         aliases=("--data-parallel-size", "--dp-size"),
     )
+    api_server_count: int = flag(
+        1,
+        "gateway processes serving the HTTP port together (vLLM's flag): more than one where one gateway's "
+        'core is the HTTP ceiling (docs/architecture.md, "Several gateway processes")',
+    )
     engine_port: int = flag(0, "gRPC port of the (first) engine; 0: a free one")
     tokenizer_port: int = flag(0, "gRPC port of the tokenizer; 0: a free one")
     router_port: int = flag(0, "gRPC port of the router; 0: a free one")
@@ -57,6 +62,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.engines < 1:
             raise ValueError(f"--engines must be at least 1, got {self.engines}")
+        if self.api_server_count < 1:
+            raise ValueError(f"--api-server-count must be at least 1, got {self.api_server_count}")
         for name in ("engine_port", "tokenizer_port", "router_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise ValueError(f"--{name.replace('_', '-')} must be a port number, got {getattr(self, name)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -187,14 +188,61 @@ async def test_previous_response_id_continues_and_the_store(client: httpx.AsyncC
     assert (await client.get(f"/v1/responses/{unstored['id']}")).status_code == 404
 
 
+@pytest.mark.parametrize("in_file", [False, True], ids=["memory", "sqlite"])
 async def test_store_keeps_the_most_recent(
-    make_client: Callable[[GatewayConfig], AsyncIterator[httpx.AsyncClient]], fake_router: FakeRouter
+    make_client: Callable[[GatewayConfig], AsyncIterator[httpx.AsyncClient]],
+    fake_router: FakeRouter,
+    tmp_path: Path,
+    in_file: bool,
 ) -> None:
-    async for client in make_client(GatewayConfig(router_address=fake_router.address, responses_store_size=2)):
+    shared = str(tmp_path / "responses.sqlite") if in_file else None
+    config = GatewayConfig(router_address=fake_router.address, responses_store_size=2, responses_store_file=shared)
+    async for client in make_client(config):
         ids = [(await client.post("/v1/responses", json={"input": "Hi"})).json()["id"] for _ in range(3)]
         assert [(await client.get(f"/v1/responses/{i}")).status_code for i in ids] == [404, 200, 200]
+        # A get counts as a use: the older of the two is the one a new response evicts.
+        assert (await client.get(f"/v1/responses/{ids[1]}")).status_code == 200
+        newest = (await client.post("/v1/responses", json={"input": "Hi"})).json()["id"]
+        assert [(await client.get(f"/v1/responses/{i}")).status_code for i in (ids[1], ids[2], newest)] == [
+            200,
+            404,
+            200,
+        ]
         evicted = await client.post("/v1/responses", json={"input": "x", "previous_response_id": ids[0]})
         assert evicted.status_code == 400 and "previous_response_id" in evicted.json()["error"]["message"]
+
+
+async def test_gateways_sharing_a_store_file_continue_each_others_responses(
+    make_client: Callable[[GatewayConfig], AsyncIterator[httpx.AsyncClient]], fake_router: FakeRouter, tmp_path: Path
+) -> None:
+    # What `turnout serve --api-server-count 2` runs: two gateways, one file; a follow-up reaches either.
+    items = [
+        {"role": "developer", "content": [{"type": "input_text", "text": "Use X"}]},
+        {"type": "message", "role": "user", "content": "Weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hmm"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}", "id": "fc_1"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "21C"},
+    ]
+    first_body = {"input": items, "tools": [TOOL], "instructions": "Old."}
+
+    async def continued(one: httpx.AsyncClient, other: httpx.AsyncClient) -> list[dict[str, Any]]:
+        """The chat messages a follow-up through `other` sends, for a response `one` made."""
+        first = (await one.post("/v1/responses", json=first_body)).json()
+        assert (await other.get(f"/v1/responses/{first['id']}")).json() == first
+        second = await other.post("/v1/responses", json={"input": "More", "previous_response_id": first["id"]})
+        assert second.status_code == 200
+        assert (await other.delete(f"/v1/responses/{first['id']}")).status_code == 200
+        assert (await one.get(f"/v1/responses/{first['id']}")).status_code == 404
+        return messages(fake_router.requests[-1])
+
+    config = GatewayConfig(router_address=fake_router.address)
+    async for alone in make_client(config):
+        in_memory = await continued(alone, alone)
+    shared = GatewayConfig(router_address=fake_router.address, responses_store_file=str(tmp_path / "r.sqlite"))
+    async for one in make_client(shared):
+        async for other in make_client(shared):
+            # The conversation read back from the file is the one kept in memory, to the last field.
+            assert await continued(one, other) == in_memory
 
 
 async def test_text_format_is_the_chat_constraint(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
