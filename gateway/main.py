@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> None:
     setup_observability("gateway", args)
     try:
         config = config_from_args(args)
+        app = create_app(config)
     except ValueError as exc:
         raise SystemExit(f"turnout gateway: {exc}") from None
     apply_log_settings(config)
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> None:
     tls = config.security.tls
     https = tls is not None and tls.serves_tls
     uvicorn_config = uvicorn.Config(
-        create_app(config),
+        app,
         host=config.host,
         port=config.port,
         log_config=None,

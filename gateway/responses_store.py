@@ -85,15 +85,18 @@ class SharedResponseStore:
 
     def __init__(self, path: Path, capacity: int) -> None:
         self._capacity = capacity
-        # autocommit: each statement is its own transaction; the multi-statement ones say BEGIN.
-        self._db = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=OFF")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS responses "
-            "(id TEXT PRIMARY KEY, used INTEGER NOT NULL, response TEXT NOT NULL, conversation TEXT NOT NULL)"
-        )
-        self._db.execute("CREATE INDEX IF NOT EXISTS responses_used ON responses (used)")
+        try:
+            # autocommit: each statement is its own transaction; the multi-statement ones say BEGIN.
+            self._db = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=OFF")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS responses "
+                "(id TEXT PRIMARY KEY, used INTEGER NOT NULL, response TEXT NOT NULL, conversation TEXT NOT NULL)"
+            )
+            self._db.execute("CREATE INDEX IF NOT EXISTS responses_used ON responses (used)")
+        except sqlite3.Error as exc:  # a missing folder, a directory, a file that is not SQLite's
+            raise ValueError(f"--responses-store-file {path}: {exc}") from None
 
     def __len__(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])

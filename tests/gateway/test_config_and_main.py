@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -60,6 +61,18 @@ def test_cli_requires_router(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args([])
     assert "--router" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what", ["missing folder", "directory", "not sqlite"])
+def test_a_responses_store_file_that_cannot_be_one_is_named(tmp_path: Path, what: str) -> None:
+    path = {"missing folder": tmp_path / "no" / "r.sqlite", "directory": tmp_path, "not sqlite": tmp_path / "r.txt"}
+    (tmp_path / "r.txt").write_text("not a database, at least 100 bytes long " * 4)
+    argv = [sys.executable, "-m", "turnout.cli", "gateway", "--insecure-internal", "--router", "127.0.0.1:1"]
+    argv += ["--port", str(free_port()), "--responses-store-file", str(path[what])]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"turnout gateway: --responses-store-file {path[what]}: " in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
