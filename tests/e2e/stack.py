@@ -48,6 +48,11 @@ class Stack:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
+    def child_pids(self) -> list[int]:
+        """The launcher's children (its services) now."""
+        pid = self.process.pid
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
     def stop(self, timeout_s: float = 20.0, *, ctrl_c: bool = False) -> float:
         """SIGTERM the launcher (or SIGINT its whole process group, as a terminal's
         Ctrl-C does); return how long it took to exit."""

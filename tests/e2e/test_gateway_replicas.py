@@ -31,9 +31,8 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def gateways(stack: Stack) -> dict[int, dict[str, str]]:
     """The launcher's gateway children: pid -> environment."""
-    pids = Path(f"/proc/{stack.process.pid}/task/{stack.process.pid}/children").read_text().split()
     found = {}
-    for pid in map(int, pids):
+    for pid in stack.child_pids():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

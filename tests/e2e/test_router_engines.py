@@ -319,7 +319,7 @@ def test_serve_starts_several_engines_behind_the_router(tiny_model_dir: Path, tm
     flags = ["--engines", "2", "--engine-port", "0", "--policy", "round_robin"]
     stack = start_stack(tiny_model_dir, tmp_path / "stack.log", *flags)
     try:
-        children = Path(f"/proc/{stack.process.pid}/task/{stack.process.pid}/children").read_text().split()
+        children = stack.child_pids()
         assert len(children) == 5, stack.log()  # two engines, tokenizer, router, gateway
         body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
         for _ in range(4):

@@ -45,9 +45,8 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def children(stack: Stack) -> dict[str, int]:
     """The launcher's children by service: engine ports are told apart as `engine:PORT`."""
-    pids = Path(f"/proc/{stack.process.pid}/task/{stack.process.pid}/children").read_text().split()
     named: dict[str, int] = {}
-    for pid in map(int, pids):
+    for pid in stack.child_pids():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
