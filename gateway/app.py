@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -76,8 +75,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
         dependencies=[Depends(refuse_invalid_text)],
     )
     app.state.config = config
-    # Reported as every model's `created`: the contract has no creation time.
-    app.state.created = int(time.time())
     app.state.responses = (
         SharedResponseStore(Path(config.responses_store_file), config.responses_store_size)
         if config.responses_store_file

@@ -44,7 +44,9 @@ async def _model_cards(request: Request) -> list[dict[str, Any]]:
     """The router's models; with --served-model-name, the default one listed once per name."""
     client = router_of(request)
     models = await client.list_models()
-    created = request.app.state.created
+    # The listing's time, as vLLM and SGLang report it: the contract keeps no creation time, and a time
+    # of this process's own would differ between the gateways of one server (--api-server-count).
+    created = int(time.time())
     if not client.aliases:
         return [_model_card(m, created) for m in models]
     default = await client.model_info("")

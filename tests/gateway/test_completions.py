@@ -23,6 +23,18 @@ async def test_models_list_shape(client: httpx.AsyncClient, fake_router: FakeRou
     assert isinstance(card["created"], int)
 
 
+async def test_models_created_is_the_listings_time(
+    client: httpx.AsyncClient, fake_router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As vLLM and SGLang: not a time of the gateway process's own, which several gateways
+    # (--api-server-count) would each report differently.
+    import gateway.openai_api
+
+    monkeypatch.setattr(gateway.openai_api.time, "time", lambda: 1_900_000_000.5)
+    [card] = (await client.get("/v1/models")).json()["data"]
+    assert card["created"] == 1_900_000_000
+
+
 async def test_model_by_id_with_slash_and_unknown(client: httpx.AsyncClient, fake_router: FakeRouter) -> None:
     fake_router.models[0].name = "org/tiny"
     found = await client.get("/v1/models/org/tiny")
