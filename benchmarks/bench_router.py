@@ -376,7 +376,8 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
         targets = {
             "engine": service_ceiling.Target("engine", f"127.0.0.1:{stack.engine_port}", stack.token),
             "router": service_ceiling.Target("router", f"127.0.0.1:{stack.router_port}"),
-            "gateway": service_ceiling.Target("gateway", str(stack.port)),
+            "router-stream": service_ceiling.Target("router-stream", f"127.0.0.1:{stack.router_port}"),
+            "gateway": service_ceiling.Target("gateway", str(stack.port), api=args.ceiling_api),
         }
         rows = []
         for k, streams in enumerate(args.ceiling_streams):
@@ -424,8 +425,11 @@ def main() -> None:
         help="--ceiling with the engine's forward pass: what the path leaves of a real engine (a GPU's)",
     )
     parser.add_argument("--ceiling-streams", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--ceiling-paths", nargs="+", choices=service_ceiling.PATHS, default=service_ceiling.PATHS)
+    parser.add_argument("--ceiling-paths", nargs="+", choices=service_ceiling.ALL_PATHS, default=service_ceiling.PATHS)
     parser.add_argument("--ceiling-output-len", type=int, default=128)
+    parser.add_argument(
+        "--ceiling-api", choices=service_ceiling.APIS, default="generate", help="the gateway path's HTTP API"
+    )
     parser.add_argument("--ceiling-requests", type=int, default=2, help="requests each stream sends in turn")
     parser.add_argument("--ceiling-settle", type=float, default=3.0, help="seconds for the clients to warm up")
     parser.add_argument(
@@ -435,7 +439,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the services under the gateway load")
     parser.add_argument("--profile-seconds", type=int, default=10)
     parser.add_argument(
-        "--profile-path", choices=service_ceiling.PATHS, default="gateway", help="the path whose load is profiled"
+        "--profile-path", choices=service_ceiling.ALL_PATHS, default="gateway", help="the path whose load is profiled"
     )
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny random model instead of --model")
     parser.add_argument(

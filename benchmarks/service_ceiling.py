@@ -7,8 +7,13 @@ closed-loop load (every stream sends its requests back to back: token-id prompts
 `--ceiling-output-len` new tokens) goes three ways:
 
 - engine: the engine's gRPC `Engine.Generate` (router, tokenizer and gateway sit idle);
-- router: the router's public gRPC `Inference.Generate` with `input_ids`;
-- gateway: the gateway's HTTP `/generate` with `input_ids`, streaming (SSE).
+- router: the router's public gRPC `Inference.Generate` with `input_ids`, a call per request;
+- router-stream (only when named in --ceiling-paths): the same requests carried by one
+  `Inference.GenerateStream` per client process, as the gateway carries its HTTP requests
+  (gateway/generate_carrier.py): what the router has ready for all of them comes as one message;
+- gateway: the gateway's HTTP `/generate` with `input_ids`, streaming (SSE); or with `--ceiling-api`
+  OpenAI's `/v1/completions` (a token-id prompt, as `vllm bench serve` sends by default) or
+  `/v1/chat/completions` (one user message: its text, so the tokenizer encodes it and applies the template).
 
 The load comes from `--clients` processes (streams split among them) so that one Python client's
 event loop is not the limit; their CPU is reported beside the services' (CPU seconds per 1,000
@@ -38,6 +43,10 @@ from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, i
 
 SERVICES = ("engine", "tokenizer", "router", "gateway")
 PATHS = ("engine", "router", "gateway")
+# The paths --ceiling-paths may name; the default is PATHS.
+ALL_PATHS = (*PATHS, "router-stream")
+# The gateway path's HTTP API (--ceiling-api): its route.
+APIS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class Target:
     path: str
     address: str  # host:port (gRPC) or the gateway's port
     token: str = ""
+    api: str = "generate"  # the gateway path's (APIS)
 
 
 @dataclass(frozen=True)
@@ -92,25 +102,50 @@ async def _router_stream(stub: Any, prompt: list[int], output_len: int) -> tuple
     return tokens, first
 
 
-def generate_post(prompt: list[int], output_len: int) -> bytes:
-    """A streaming `/generate` request (greedy, `ignore_eos`) as the bytes of an HTTP/1.1 POST that closes
-    its connection at the end."""
-    params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
-    body = json.dumps({"input_ids": prompt, "sampling_params": params, "stream": True}).encode()
+async def _carried_router_stream(carrier: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
+    params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
+    request = inference_pb2.GenerateRequest(
+        input_ids=common_pb2.TokenIds(ids=prompt), sampling_params=params, accept_batches=True
+    )
+    start, first, tokens = time.perf_counter(), 0.0, 0
+    call = carrier.generate(request, None)
+    while (message := await call.read()) is not None:
+        for response in (message, *message.batch) if message.batch else (message,):
+            if response.WhichOneof("kind") == "chunk":
+                tokens += len(response.chunk.token_ids)
+        if tokens and not first:
+            first = time.perf_counter() - start
+    return tokens, first
+
+
+def generate_post(prompt: list[int], output_len: int, api: str = "generate") -> bytes:
+    """A streaming request of `api` (APIS; greedy, `ignore_eos`) as the bytes of an HTTP/1.1 POST that closes
+    its connection at the end. The chat prompt is the ids written out as words: text the tokenizer encodes."""
+    if api == "generate":
+        params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
+        request: dict[str, Any] = {"input_ids": prompt, "sampling_params": params, "stream": True}
+    else:
+        request = {"model": "", "max_tokens": output_len, "temperature": 0, "ignore_eos": True, "stream": True}
+        request["stream_options"] = {"include_usage": True}  # the last event counts the tokens
+        if api == "completions":
+            request["prompt"] = prompt
+        else:
+            request["messages"] = [{"role": "user", "content": " ".join(f"w{t}" for t in prompt)}]
+    body = json.dumps(request).encode()
     head = (
-        f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"POST {APIS[api]} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     return head + body
 
 
-async def _gateway_stream(port: int, prompt: list[int], output_len: int) -> tuple[int, float]:
+async def _gateway_stream(port: int, prompt: list[int], output_len: int, api: str) -> tuple[int, float]:
     """A bare HTTP/1.1 request on its own connection: the SSE bytes are only searched, not parsed,
     so the client spends next to nothing per event (httpx would cost more than the gateway)."""
     start, first = time.perf_counter(), 0.0
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(generate_post(prompt, output_len))
+        writer.write(generate_post(prompt, output_len, api))
         tail = b""
         while True:
             data = await reader.read(1 << 16)
@@ -121,22 +156,24 @@ async def _gateway_stream(port: int, prompt: list[int], output_len: int) -> tupl
             tail = (tail + data)[-(1 << 16) :]
     finally:
         writer.close()
-    # The last event is cumulative (SGLang's shape): its meta_info counts the tokens.
+    # The last event counts the tokens: /generate's is cumulative (SGLang's shape, its meta_info), and
+    # OpenAI's with include_usage is the usage.
     event = tail[tail.rindex(b"data: {") + 6 :]
-    event = event[: event.index(b"\n\n")]
-    return int(json.loads(event)["meta_info"]["completion_tokens"]), first
+    last = json.loads(event[: event.index(b"\n\n")])
+    counts = last["meta_info"] if api == "generate" else last["usage"]
+    return int(counts["completion_tokens"]), first
 
 
 async def _client(
     target: Target, streams: int, per_stream: int, prompt_len: int, output_len: int, seed: int, go: Any
 ) -> ClientResult:
     rng = random.Random(seed)
-    channel = None
+    channel = carrier = None
     if target.path == "gateway":
         port = int(target.address)
 
         async def one(prompt: list[int]) -> tuple[int, float]:
-            return await _gateway_stream(port, prompt, output_len)
+            return await _gateway_stream(port, prompt, output_len, target.api)
     else:
         bearer = ClientCredentials(bearer=target.token) if target.token else None
         channel = client_channel(target.address, bearer)
@@ -145,6 +182,13 @@ async def _client(
 
             async def one(prompt: list[int]) -> tuple[int, float]:
                 return await _engine_stream(engine_stub, prompt, output_len)
+        elif target.path == "router-stream":
+            from gateway.generate_carrier import GenerateCarrier
+
+            carrier = GenerateCarrier(inference_pb2_grpc.InferenceStub(channel))
+
+            async def one(prompt: list[int]) -> tuple[int, float]:
+                return await _carried_router_stream(carrier, prompt, output_len)
         else:
             router_stub = inference_pb2_grpc.InferenceStub(channel)
 
@@ -168,6 +212,8 @@ async def _client(
     counts = await asyncio.gather(*(stream() for _ in range(streams)))
     end = time.monotonic()
     cpu = time.process_time() - cpu0
+    if carrier is not None:
+        await carrier.close()
     if channel is not None:
         await channel.close()
     return ClientResult(sum(counts), streams * per_stream, start, end, cpu, ttfts)
