@@ -369,7 +369,7 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
     extra = [] if args.ceiling_forward else ["--skip-forward"]
     extra += ["--max-running-requests", str(most), "--max-concurrent-requests", str(most + 64)]
     extra += ["--api-server-count", str(args.api_server_count)]
-    stack = Serve(model, 1, args.policy, log, extra)
+    stack = Serve(model, args.ceiling_engines, args.policy, log, extra)
     try:
         stack.wait_ready()
         processes = service_ceiling.service_processes(stack.process.pid)
@@ -427,6 +427,12 @@ def main() -> None:
     parser.add_argument("--ceiling-streams", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--ceiling-paths", nargs="+", choices=service_ceiling.ALL_PATHS, default=service_ceiling.PATHS)
     parser.add_argument("--ceiling-output-len", type=int, default=128)
+    parser.add_argument(
+        "--ceiling-engines",
+        type=int,
+        default=1,
+        help="engines of the --ceiling stack (their CPU summed; the engine path loads the first one only)",
+    )
     parser.add_argument(
         "--ceiling-api", choices=service_ceiling.APIS, default="generate", help="the gateway path's HTTP API"
     )

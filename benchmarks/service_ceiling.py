@@ -262,8 +262,8 @@ class ServiceProcesses:
 
 
 def service_processes(serve_pid: int) -> dict[str, ServiceProcesses]:
-    """The stack's service processes by name (`python -m turnout.cli NAME ...`). Engines count as the first
-    one only: a stack here runs one; gateways count all together."""
+    """The stack's service processes by name (`python -m turnout.cli NAME ...`), every process of a name
+    together (several gateways, several engines)."""
     found: dict[str, ServiceProcesses] = {}
     for child in psutil.Process(serve_pid).children(recursive=True):
         try:
@@ -272,12 +272,8 @@ def service_processes(serve_pid: int) -> dict[str, ServiceProcesses]:
             continue
         if "turnout.cli" in argv:
             name = argv[argv.index("turnout.cli") + 1]
-            if name not in SERVICES:
-                continue
-            if name not in found:
-                found[name] = ServiceProcesses([child])
-            elif name == "gateway":
-                found[name].processes.append(child)
+            if name in SERVICES:
+                found.setdefault(name, ServiceProcesses([])).processes.append(child)
     return found
 
 
