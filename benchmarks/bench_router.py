@@ -443,6 +443,7 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=2, help="client processes the load is split among")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the services under the gateway load")
+    parser.add_argument("--profile-rate", type=int, default=50, help="py-spy's samples per second")
     parser.add_argument("--profile-seconds", type=int, default=10)
     parser.add_argument(
         "--profile-path", choices=service_ceiling.ALL_PATHS, default="gateway", help="the path whose load is profiled"

@@ -383,7 +383,17 @@ def profile(target: Target, processes: dict[str, ServiceProcesses], args: argpar
             break
         before = now
     for name, process in processes.items():  # one after the other, on the same load
-        command = [spy, "record", "--nonblocking", "-r", "50", "-d", str(args.profile_seconds), "-f", "raw"]
+        command = [
+            spy,
+            "record",
+            "--nonblocking",
+            "-r",
+            str(args.profile_rate),
+            "-d",
+            str(args.profile_seconds),
+            "-f",
+            "raw",
+        ]
         command += ["-o", str(out / f"{name}.txt"), "-p", str(process.pid)]
         with open(out / f"{name}.log", "w") as spy_log:
             subprocess.run(command, stdout=spy_log, stderr=subprocess.STDOUT, check=False)
