@@ -377,6 +377,7 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
             "engine": service_ceiling.Target("engine", f"127.0.0.1:{stack.engine_port}", stack.token),
             "router": service_ceiling.Target("router", f"127.0.0.1:{stack.router_port}"),
             "router-stream": service_ceiling.Target("router-stream", f"127.0.0.1:{stack.router_port}"),
+            "client": service_ceiling.Target("client", f"127.0.0.1:{stack.router_port}"),
             "gateway": service_ceiling.Target("gateway", str(stack.port), api=args.ceiling_api),
         }
         rows = []

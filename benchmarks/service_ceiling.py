@@ -10,7 +10,9 @@ closed-loop load (every stream sends its requests back to back: token-id prompts
 - router: the router's public gRPC `Inference.Generate` with `input_ids`, a call per request;
 - router-stream (only when named in --ceiling-paths): the same requests carried by one
   `Inference.GenerateStream` per client process, as the gateway carries its HTTP requests
-  (gateway/generate_carrier.py): what the router has ready for all of them comes as one message;
+  (turnout/generate_carrier.py): what the router has ready for all of them comes as one message;
+- client (only when named): the same through `turnout.client.AsyncClient`, which carries its requests
+  that way, its events (`Delta`, `Completion`) made as a user's code gets them;
 - gateway: the gateway's HTTP `/generate` with `input_ids`, streaming (SSE); or with `--ceiling-api`
   OpenAI's `/v1/completions` (a token-id prompt, as `vllm bench serve` sends by default) or
   `/v1/chat/completions` (one user message: its text, so the tokenizer encodes it and applies the template).
@@ -44,7 +46,7 @@ from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, i
 SERVICES = ("engine", "tokenizer", "router", "gateway")
 PATHS = ("engine", "router", "gateway")
 # The paths --ceiling-paths may name; the default is PATHS.
-ALL_PATHS = (*PATHS, "router-stream")
+ALL_PATHS = (*PATHS, "router-stream", "client")
 # The gateway path's HTTP API (--ceiling-api): its route.
 APIS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -118,6 +120,18 @@ async def _carried_router_stream(carrier: Any, prompt: list[int], output_len: in
     return tokens, first
 
 
+async def _client_library_stream(client: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
+    from turnout.client import Delta
+
+    start, first, tokens = time.perf_counter(), 0.0, 0
+    async for event in client.generate_stream(prompt, max_new_tokens=output_len, temperature=0.0, ignore_eos=True):
+        if isinstance(event, Delta):
+            tokens += len(event.token_ids)
+            if tokens and not first:
+                first = time.perf_counter() - start
+    return tokens, first
+
+
 def generate_post(prompt: list[int], output_len: int, api: str = "generate") -> bytes:
     """A streaming request of `api` (APIS; greedy, `ignore_eos`) as the bytes of an HTTP/1.1 POST that closes
     its connection at the end. The chat prompt is the ids written out as words: text the tokenizer encodes."""
@@ -168,8 +182,15 @@ async def _client(
     target: Target, streams: int, per_stream: int, prompt_len: int, output_len: int, seed: int, go: Any
 ) -> ClientResult:
     rng = random.Random(seed)
-    channel = carrier = None
-    if target.path == "gateway":
+    channel = carrier = library = None
+    if target.path == "client":
+        from turnout.client import AsyncClient
+
+        library = AsyncClient(target.address)
+
+        async def one(prompt: list[int]) -> tuple[int, float]:
+            return await _client_library_stream(library, prompt, output_len)
+    elif target.path == "gateway":
         port = int(target.address)
 
         async def one(prompt: list[int]) -> tuple[int, float]:
@@ -183,7 +204,7 @@ async def _client(
             async def one(prompt: list[int]) -> tuple[int, float]:
                 return await _engine_stream(engine_stub, prompt, output_len)
         elif target.path == "router-stream":
-            from gateway.generate_carrier import GenerateCarrier
+            from turnout.generate_carrier import GenerateCarrier
 
             carrier = GenerateCarrier(inference_pb2_grpc.InferenceStub(channel))
 
@@ -214,6 +235,8 @@ async def _client(
     cpu = time.process_time() - cpu0
     if carrier is not None:
         await carrier.close()
+    if library is not None:
+        await library.close()
     if channel is not None:
         await channel.close()
     return ClientResult(sum(counts), streams * per_stream, start, end, cpu, ttfts)

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from gateway import metrics
 from gateway.disconnect import DisconnectWatch
 from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
-from gateway.generate_carrier import CarriedGenerate
+from turnout.generate_carrier import CarriedGenerate
 from turnout.v1 import common_pb2, inference_pb2
 
 T = TypeVar("T")
@@ -130,7 +130,7 @@ class Generation:
         open_call: Callable[[inference_pb2.GenerateRequest], CarriedGenerate],
         requests: Sequence[inference_pb2.GenerateRequest],
     ) -> Generation:
-        """Start one Generate stream per request (`open_call`; gateway/generate_carrier.py) and wait for
+        """Start one Generate stream per request (`open_call`; turnout/generate_carrier.py) and wait for
         each one's first response.
 
         Waiting for the first response lets an error the router reports up

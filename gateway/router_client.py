@@ -22,7 +22,7 @@ from grpc import aio
 from starlette.requests import Request
 
 from gateway.errors import HTTPError
-from gateway.generate_carrier import GenerateCarrier
+from turnout.generate_carrier import GenerateCarrier
 from gateway.generation import Generation
 from turnout.channel_ready import first_ready
 from turnout.v1 import (
@@ -53,7 +53,7 @@ class RouterClient:
     channel: aio.Channel | None = None
     address: str = ""
     ready_timeout_s: float = 0.0
-    # Every Generate stream goes over one GenerateStream (gateway/generate_carrier.py).
+    # Every Generate stream goes over one GenerateStream (turnout/generate_carrier.py).
     carrier: GenerateCarrier | None = None
 
     @classmethod

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from tests.gateway.conftest import FakeRouter, chunk, fake_encode
+from tests.gateway.conftest import FakeRouter, chunk, default_script, fake_encode
 from turnout.client import AsyncClient, Client, Completion, Delta, TurnoutError
 from turnout.v1 import inference_pb2_grpc
 
@@ -81,6 +81,31 @@ async def test_async_cancel_stops_the_router(router: FakeRouter) -> None:
             assert isinstance(event, Delta)
             break  # leaving the loop closes the stream, which cancels the call
         await asyncio.wait_for(router.cancelled.wait(), 5)
+
+
+async def test_async_requests_share_one_generate_stream(router: FakeRouter) -> None:
+    # Carried as the gateway carries its requests: what is ready for all of them comes in one message.
+    async with AsyncClient(router.address) as client:
+        done = await asyncio.gather(*(client.generate("Hi", max_new_tokens=3) for _ in range(8)))
+        events = [e async for e in client.generate_stream("Hi", n=2)]
+    assert [[c.text for c in d] for d in done] == [["Hello world"]] * 8
+    assert sum(isinstance(e, Completion) for e in events) == 2
+    assert len(router.requests) == 9 and all(r.accept_batches for r in router.requests)
+    assert router.carriers == 1
+
+
+async def test_async_timeout_ends_each_request_on_the_router(router: FakeRouter) -> None:
+    router.script = endless
+    async with AsyncClient(router.address, timeout_s=0.3) as client:
+        with pytest.raises(TurnoutError) as caught:
+            await client.generate("Hi")
+        assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.wait_for(router.cancelled.wait(), 5)
+        # The stream goes on carrying the next request.
+        router.script = default_script
+        [done] = await client.generate("Hi")
+        assert done.text == "Hello world"
+    assert router.carriers == 1
 
 
 async def test_sync_client(router: FakeRouter) -> None:

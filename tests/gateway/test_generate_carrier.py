@@ -15,7 +15,7 @@ import httpx
 import pytest
 from grpc import aio
 
-from gateway.generate_carrier import CarriedGenerate, GenerateCarrier
+from turnout.generate_carrier import CarriedGenerate, GenerateCarrier
 from tests.gateway.conftest import FakeRouter, chunk, complete, default_script, serving
 from turnout import carried_streams
 from turnout.grpc_server import client_channel

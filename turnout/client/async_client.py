@@ -1,4 +1,11 @@
-"""`AsyncClient`: the same calls as `Client`, over asyncio."""
+"""`AsyncClient`: the same calls as `Client`, over asyncio.
+
+Its Generate calls are carried by one `Inference.GenerateStream` (turnout/generate_carrier.py, as the
+gateway carries its HTTP requests): what the router has ready for all of a client's concurrent requests
+comes as one message, where a call per request costs the router and this process a call's set-up and a
+message per step of each (docs/grpc.md). Each stream still reads, fails, times out and cancels as its own
+call would.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +20,29 @@ from grpc import aio
 from turnout.client import results
 from turnout.client.requests import Message, Prompt, generate_request, tokenize_request
 from turnout.client.results import Completion, Delta, ModelInfo, Tokenized, TurnoutError
+from turnout.generate_carrier import CarriedGenerate, GenerateCarrier
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials, TlsFiles
 from turnout.v1 import inference_pb2, inference_pb2_grpc
 
 
 class AsyncGenerateStream:
-    """The events of one Generate call (`async for`). `cancel()`, leaving an `async with` block,
-    closing early or cancelling the task that reads it cancels the call end to end."""
+    """The events of one Generate stream (`async for`). `cancel()`, leaving an `async with` block,
+    closing early or cancelling the task that reads it cancels the request end to end."""
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: CarriedGenerate) -> None:
         self._call = call
 
     async def __aiter__(self) -> AsyncIterator[Delta | Completion]:
+        async for response in self._responses():
+            yield results.event(response)
+
+    async def _responses(self) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """Every response in order, a batch (what the router had ready together) unpacked."""
         try:
-            async for response in self._call:
-                yield results.event(response)
+            while (message := await self._call.read()) is not None:
+                for response in (message, *message.batch) if message.batch else (message,):
+                    yield response
         except grpc.RpcError as exc:
             raise TurnoutError.of(exc) from None
         finally:
@@ -60,6 +74,7 @@ class AsyncClient:
         self._channel = client_channel(address, ClientCredentials(bearer=api_key, tls=tls))
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
         self._timeout_s = timeout_s
+        self._carrier = GenerateCarrier(self._stub)
 
     def generate_stream(
         self,
@@ -72,7 +87,7 @@ class AsyncClient:
         logprobs: Mapping[str, Any] | None = None,
         **sampling: Any,
     ) -> AsyncGenerateStream:
-        """As `Client.generate_stream`; the call starts at once."""
+        """As `Client.generate_stream`; the request starts at once."""
         request = generate_request(
             prompt,
             messages=messages,
@@ -82,18 +97,13 @@ class AsyncClient:
             logprobs=logprobs,
             sampling=sampling,
         )
-        return AsyncGenerateStream(self._stub.Generate(request, timeout=self._timeout_s))
+        request.accept_batches = True  # what is ready comes in one message (AsyncGenerateStream unpacks it)
+        return AsyncGenerateStream(self._carrier.generate(request, self._timeout_s))
 
     async def generate(self, prompt: Prompt = None, **kwargs: Any) -> list[Completion]:
-        stream = self.generate_stream(prompt, **kwargs)
         collector = results.Collector()
-        try:
-            async for response in stream._call:
-                collector.add(response)
-        except grpc.RpcError as exc:
-            raise TurnoutError.of(exc) from None
-        finally:
-            stream.cancel()
+        async for response in self.generate_stream(prompt, **kwargs)._responses():
+            collector.add(response)
         return collector.results()
 
     async def tokenize(
@@ -126,6 +136,7 @@ class AsyncClient:
         return results.model_info(reply)
 
     async def close(self) -> None:
+        await self._carrier.close()
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:

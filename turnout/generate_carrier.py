@@ -1,4 +1,5 @@
-"""The gateway's Generate calls to the router, carried by one `Inference.GenerateStream`.
+"""Generate calls to the router carried by one `Inference.GenerateStream`: the gateway's (every HTTP request)
+and `turnout.client.AsyncClient`'s.
 
 Each HTTP request used to make its own Generate call: a call's set-up, and a gRPC message (a write
 in the router, a read here, wake-ups at both ends) for every batch of output of every request.
@@ -58,7 +59,7 @@ class _Session(ResponseStreamsCall[inference_pb2.GenerateStreamRequest, inferenc
 
 
 class GenerateCarrier:
-    """The gateway's Generate streams to the router, over one GenerateStream at a time."""
+    """One client's Generate streams to the router, over one GenerateStream at a time."""
 
     def __init__(self, stub: inference_pb2_grpc.InferenceStub) -> None:
         self._stub = stub
