@@ -33,6 +33,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,36 +89,37 @@ async def _engine_stream(stub: Any, prompt: list[int], output_len: int) -> tuple
     return tokens, first
 
 
-async def _router_stream(stub: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
+def _router_request(prompt: list[int], output_len: int) -> inference_pb2.GenerateRequest:
     params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
     # As the gateway does: what is ready comes in one message (GenerateResponse.batch).
-    request = inference_pb2.GenerateRequest(
+    return inference_pb2.GenerateRequest(
         input_ids=common_pb2.TokenIds(ids=prompt), sampling_params=params, accept_batches=True
     )
+
+
+async def _router_tokens(messages: AsyncIterator[inference_pb2.GenerateResponse]) -> tuple[int, float]:
+    """The tokens of a router stream's messages, and the seconds to the first."""
     start, first, tokens = time.perf_counter(), 0.0, 0
-    async for message in stub.Generate(request):
+    async for message in messages:
         for response in (message, *message.batch) if message.batch else (message,):
             if response.WhichOneof("kind") == "chunk":
                 tokens += len(response.chunk.token_ids)
         if tokens and not first:
             first = time.perf_counter() - start
     return tokens, first
+
+
+async def _router_stream(stub: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
+    return await _router_tokens(stub.Generate(_router_request(prompt, output_len)))
 
 
 async def _carried_router_stream(carrier: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
-    params = common_pb2.SamplingParams(temperature=0, max_new_tokens=output_len, ignore_eos=True)
-    request = inference_pb2.GenerateRequest(
-        input_ids=common_pb2.TokenIds(ids=prompt), sampling_params=params, accept_batches=True
-    )
-    start, first, tokens = time.perf_counter(), 0.0, 0
-    call = carrier.generate(request, None)
-    while (message := await call.read()) is not None:
-        for response in (message, *message.batch) if message.batch else (message,):
-            if response.WhichOneof("kind") == "chunk":
-                tokens += len(response.chunk.token_ids)
-        if tokens and not first:
-            first = time.perf_counter() - start
-    return tokens, first
+    async def messages() -> AsyncIterator[inference_pb2.GenerateResponse]:
+        call = carrier.generate(_router_request(prompt, output_len), None)
+        while (message := await call.read()) is not None:
+            yield message
+
+    return await _router_tokens(messages())
 
 
 async def _client_library_stream(client: Any, prompt: list[int], output_len: int) -> tuple[int, float]:
