@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from tests.gateway.conftest import FakeRouter, chunk, default_script, fake_encode
+from tests.gateway.conftest import FakeRouter, chunk, complete, default_script, fake_encode
 from turnout.client import AsyncClient, Client, Completion, Delta, TurnoutError
 from turnout.v1 import inference_pb2_grpc
 
@@ -106,6 +106,33 @@ async def test_async_timeout_ends_each_request_on_the_router(router: FakeRouter)
         [done] = await client.generate("Hi")
         assert done.text == "Hello world"
     assert router.carriers == 1
+
+
+async def batched(request: Any, context: Any) -> AsyncIterator[Any]:
+    """The router's answer to a reader that lagged: three steps and the end in one message."""
+    assert request.accept_batches
+    message = chunk(0, "a", (1,), completion=1)
+    message.batch.extend(
+        [chunk(0, "b", (2,), completion=2), chunk(0, "c", (3,), completion=3), complete(0, token_id=3)]
+    )
+    yield message
+
+
+async def test_both_clients_read_batches(router: FakeRouter) -> None:
+    router.script = batched
+    async with AsyncClient(router.address) as client:
+        [done] = await client.generate("Hi")
+        events = [e async for e in client.generate_stream("Hi")]
+    assert (done.text, done.token_ids) == ("abc", (1, 2, 3))
+    assert [e.text for e in events if isinstance(e, Delta)] == ["a", "b", "c"]
+
+    def work() -> tuple[list[Completion], list[Any]]:
+        with Client(router.address, timeout_s=10) as client:
+            return client.generate("Hi"), list(client.generate_stream("Hi"))
+
+    [sync_done], sync_events = await asyncio.to_thread(work)
+    assert sync_done == done
+    assert sync_events == events
 
 
 async def test_sync_client(router: FakeRouter) -> None:

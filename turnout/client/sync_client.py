@@ -29,9 +29,14 @@ class GenerateStream:
         self._call = call
 
     def __iter__(self) -> Iterator[Delta | Completion]:
+        for response in self._responses():
+            yield results.event(response)
+
+    def _responses(self) -> Iterator[inference_pb2.GenerateResponse]:
+        """Every response in order, a batch (what the router had ready while this reader lagged) unpacked."""
         try:
-            for response in self._call:
-                yield results.event(response)
+            for message in self._call:
+                yield from (message, *message.batch) if message.batch else (message,)
         except grpc.RpcError as exc:
             raise TurnoutError.of(exc) from None
         finally:
@@ -87,17 +92,14 @@ class Client:
             logprobs=logprobs,
             sampling=sampling,
         )
+        request.accept_batches = True  # what is ready comes in one message (GenerateStream unpacks it)
         return GenerateStream(self._stub.Generate(request, timeout=self._timeout_s))
 
     def generate(self, prompt: Prompt = None, **kwargs: Any) -> list[Completion]:
         """Generate to the end: one Completion per sample (`n`), with its text and token ids."""
-        stream = self.generate_stream(prompt, **kwargs)
         collector = results.Collector()
-        try:
-            for response in stream._call:
-                collector.add(response)
-        except grpc.RpcError as exc:
-            raise TurnoutError.of(exc) from None
+        for response in self.generate_stream(prompt, **kwargs)._responses():
+            collector.add(response)
         return collector.results()
 
     def tokenize(
