@@ -9,8 +9,9 @@ call would.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -34,10 +35,12 @@ class AsyncGenerateStream:
         self._call = call
 
     async def __aiter__(self) -> AsyncIterator[Delta | Completion]:
-        async for response in self._responses():
-            yield results.event(response)
+        # Closed with this generator, not whenever the collector gets to it: its close cancels the request.
+        async with contextlib.aclosing(self._responses()) as responses:
+            async for response in responses:
+                yield results.event(response)
 
-    async def _responses(self) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    async def _responses(self) -> AsyncGenerator[inference_pb2.GenerateResponse, None]:
         """Every response in order, a batch (what the router had ready together) unpacked."""
         try:
             while (message := await self._call.read()) is not None:
