@@ -22,9 +22,9 @@ from grpc import aio
 from starlette.requests import Request
 
 from gateway.errors import HTTPError
-from turnout.generate_carrier import GenerateCarrier
 from gateway.generation import Generation
 from turnout.channel_ready import first_ready
+from turnout.generate_carrier import GenerateCarrier
 from turnout.v1 import (
     common_pb2,
     engine_pb2,

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from grpc import aio
 
-from turnout.generate_carrier import CarriedGenerate, GenerateCarrier
 from tests.gateway.conftest import FakeRouter, chunk, complete, default_script, serving
 from turnout import carried_streams
+from turnout.generate_carrier import CarriedGenerate, GenerateCarrier
 from turnout.grpc_server import client_channel
 from turnout.v1 import inference_pb2, inference_pb2_grpc
 
