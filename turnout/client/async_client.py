@@ -44,7 +44,7 @@ class AsyncGenerateStream:
         """Every response in order, a batch (what the router had ready together) unpacked."""
         try:
             while (message := await self._call.read()) is not None:
-                for response in (message, *message.batch) if message.batch else (message,):
+                for response in results.unbatched(message):
                     yield response
         except grpc.RpcError as exc:
             raise TurnoutError.of(exc) from None

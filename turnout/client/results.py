@@ -109,6 +109,11 @@ def completion(done: inference_pb2.GenerateComplete, text: str = "", token_ids: 
     )
 
 
+def unbatched(message: inference_pb2.GenerateResponse) -> tuple[inference_pb2.GenerateResponse, ...]:
+    """The responses one message holds: itself, then what the router batched after it (`accept_batches`)."""
+    return (message, *message.batch) if message.batch else (message,)
+
+
 def event(response: inference_pb2.GenerateResponse) -> Delta | Completion:
     if response.WhichOneof("kind") == "chunk":
         return delta(response.chunk)

@@ -36,7 +36,7 @@ class GenerateStream:
         """Every response in order, a batch (what the router had ready while this reader lagged) unpacked."""
         try:
             for message in self._call:
-                yield from (message, *message.batch) if message.batch else (message,)
+                yield from results.unbatched(message)
         except grpc.RpcError as exc:
             raise TurnoutError.of(exc) from None
         finally:
