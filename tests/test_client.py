@@ -96,7 +96,7 @@ async def test_async_requests_share_one_generate_stream(router: FakeRouter) -> N
 
 async def test_async_timeout_ends_each_request_on_the_router(router: FakeRouter) -> None:
     router.script = endless
-    async with AsyncClient(router.address, timeout_s=0.3) as client:
+    async with AsyncClient(router.address, timeout_s=1.5) as client:
         with pytest.raises(TurnoutError) as caught:
             await client.generate("Hi")
         assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -35,7 +35,7 @@ class AsyncGenerateStream:
         self._call = call
 
     async def __aiter__(self) -> AsyncIterator[Delta | Completion]:
-        # Closed with this generator, not whenever the collector gets to it: its close cancels the request.
+        # Closed with this generator, not when the garbage collector gets to it: its close cancels the request.
         async with contextlib.aclosing(self._responses()) as responses:
             async for response in responses:
                 yield results.event(response)
