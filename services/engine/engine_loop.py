@@ -287,10 +287,10 @@ class EngineLoop:
                 streams = [self._streams.get(out.request_id) for out in outputs]
             for out, stream in zip(outputs, streams, strict=True):
                 if stream is not None:
-                    self._observe(stream.timeline, out.output, started, now)
                     ready.append((stream, out.output))
                 if out.output.request_finished:
                     self._unscheduled.pop(out.request_id, None)
+            self.metrics.on_step(started, now, [(stream.timeline, output) for stream, output in ready])
             _emit_step(ready)
 
     def _note_scheduled(self, step_started: int) -> None:
@@ -300,19 +300,6 @@ class EngineLoop:
         running = {seq.request.request_id for seq in self.engine.scheduler.running}
         for request_id in running.intersection(self._unscheduled):
             self.metrics.on_scheduled(self._unscheduled.pop(request_id), step_started)
-
-    def _observe(self, timeline: RequestTimeline, output: EngineOutput, step_started: int, now: int) -> None:
-        if output.token_ids:  # admitted and finished within this one step
-            self.metrics.on_scheduled(timeline, step_started)
-        self.metrics.on_output(
-            timeline,
-            now,
-            index=output.index,
-            num_tokens=len(output.token_ids),
-            prompt_tokens=output.prompt_tokens,
-            finish_reason=output.finish.kind if output.finish is not None else None,
-            request_finished=output.request_finished,
-        )
 
     def _apply_commands(self, *, block: bool) -> bool:
         """Apply queued commands (waiting for one when idle). False once shutdown was asked."""

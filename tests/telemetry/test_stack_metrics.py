@@ -19,6 +19,7 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from services.engine.config import EngineConfig
 from services.engine.model_loader import LoadedModel, load_model
+from services.engine.request import EngineOutput, Finish
 from services.router import stack_metrics
 from services.router.config import RouterConfig
 from services.router.runtime import RouterRuntime
@@ -55,15 +56,11 @@ def test_vllm_names_carry_the_engine_values_with_vllm_types_and_labels() -> None
     metrics.on_scheduled(timeline, 1_000_000)
     for step, now_ns in enumerate((20_000_000, 30_000_000, 45_000_000)):
         last = step == 2
-        metrics.on_output(
-            timeline,
-            now_ns,
-            index=0,
-            num_tokens=1,
-            prompt_tokens=7,
-            finish_reason="length" if last else None,
-            request_finished=last,
+        output = EngineOutput(
+            [step], prompt_tokens=7, completion_tokens=step + 1, finish=Finish("length") if last else None
         )
+        output.request_finished = last
+        metrics.on_step(now_ns - 5_000_000, now_ns, [(timeline, output)])
     page = generate_latest(metrics.registry).decode()
     m = {"model_name": "tiny"}
 
