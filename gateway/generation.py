@@ -246,32 +246,29 @@ class Generation:
         if sample.finish_reason is not None:
             raise HTTPError(502, f"the router sent output for sample {sample.index} after it finished")
         if kind == "chunk":
+            # Every field is read once: each read of a protobuf field builds a Python object, and this runs
+            # once per streamed token; the fields most chunks leave empty are only copied when set.
             chunk = response.chunk
-            if chunk.logprobs and len(chunk.logprobs) != len(chunk.token_ids):
-                raise HTTPError(
-                    502, f"the router sent {len(chunk.logprobs)} logprobs for {len(chunk.token_ids)} tokens"
-                )
-            sample.text += chunk.text
-            sample.token_ids.extend(chunk.token_ids)
-            sample.logprobs.extend(chunk.logprobs)
-            sample.hidden_states += [list(row.values) for row in chunk.hidden_states]
+            text, token_ids, logprobs = chunk.text, chunk.token_ids, chunk.logprobs
+            reasoning_text, tool_calls = chunk.reasoning_text, chunk.tool_calls
+            if logprobs:
+                if len(logprobs) != len(token_ids):
+                    raise HTTPError(502, f"the router sent {len(logprobs)} logprobs for {len(token_ids)} tokens")
+                sample.logprobs.extend(logprobs)
+            sample.text += text
+            sample.token_ids.extend(token_ids)
+            if chunk.hidden_states:
+                sample.hidden_states += [list(row.values) for row in chunk.hidden_states]
             sample.prompt_tokens = chunk.prompt_tokens
             sample.completion_tokens = chunk.completion_tokens
             sample.cached_tokens = chunk.cached_tokens
-            sample.reasoning_text += chunk.reasoning_text
+            if reasoning_text:
+                sample.reasoning_text += reasoning_text
             sample.reasoning_tokens = chunk.reasoning_tokens
-            for delta in chunk.tool_calls:
+            for delta in tool_calls:
                 _add_tool_call_delta(sample, delta)
-            metrics.on_chunk(sample.index, len(chunk.token_ids))
-            event = Event(
-                sample,
-                chunk.text,
-                chunk.token_ids,
-                chunk.logprobs,
-                done=False,
-                reasoning_text=chunk.reasoning_text,
-                tool_calls=chunk.tool_calls,
-            )
+            metrics.on_chunk(sample.index, len(token_ids))
+            event = Event(sample, text, token_ids, logprobs, False, reasoning_text, tool_calls)
             if chunk.last:
                 self._last_chunks[sample.index] = event
                 return None
