@@ -12,11 +12,10 @@ before, they are encoded whole again.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+from gateway.chunk_json import json_text as _dumps
 
 
 @dataclass

@@ -24,7 +24,8 @@ from turnout.v1 import common_pb2, inference_pb2
 router = APIRouter()
 
 BodyBuilder = Callable[[Head, View, Sequence[Sample]], dict[str, Any]]
-ChunkStream = Callable[[Head, View, Generation, bool], AsyncGenerator[dict[str, Any], None]]
+# A stream's chunks: objects, or their JSON text (gateway/chunk_json.py).
+ChunkStream = Callable[[Head, View, Generation, bool], AsyncGenerator[dict[str, Any] | str, None]]
 
 
 def _model_card(info: common_pb2.ModelInfo, created: int) -> dict[str, Any]:

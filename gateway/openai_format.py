@@ -18,11 +18,12 @@ message's content before each choice's when that message is the assistant's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.assistant_output import DeltaBuilder, assistant_message
+from gateway.chunk_json import TextChunk
 from gateway.generation import Generation, Sample
 from gateway.hidden_states import last_hidden_state
 from gateway.logprobs_format import chat_logprobs, completion_logprobs, prompt_logprobs
@@ -74,6 +75,12 @@ class View:
     # SGLang return_hidden_states: each choice's last decode step's hidden state.
     hidden_states: bool = False
 
+    @property
+    def plain(self) -> bool:
+        """Whether a running choice's stream chunks carry nothing but their text (no logprobs, token ids
+        or usage)."""
+        return self.logprobs is None and not self.token_ids and not self.continuous_usage
+
     def body_token_ids(self, sample: Sample) -> dict[str, Any]:
         """A whole choice's `token_ids` (null unless asked for, as vLLM's bodies show it)."""
         return {"token_ids": list(sample.token_ids) if self.token_ids else None}
@@ -103,6 +110,20 @@ class View:
         echo = self.echoes[sample.prompt]
         logprobs = self.completion_logprobs([*sample.input_logprobs, *sample.logprobs], first=echo.first)
         return echo.text + sample.text, logprobs
+
+
+class _TextChunks:
+    """One `TextChunk` per choice of a stream: `build(sample, text)` is a running choice's chunk."""
+
+    def __init__(self, build: Callable[[Sample, str], dict[str, Any]]) -> None:
+        self._build = build
+        self._chunks: dict[int, TextChunk] = {}
+
+    def encode(self, sample: Sample, text: str) -> str:
+        chunk = self._chunks.get(sample.index)
+        if chunk is None:
+            chunk = self._chunks[sample.index] = TextChunk(lambda text: self._build(sample, text))
+        return chunk.encode(text)
 
 
 # The ending fields of a choice that has not finished.
@@ -195,7 +216,7 @@ def chat_body(head: Head, view: View, samples: Sequence[Sample]) -> dict[str, An
 
 async def completion_chunks(
     head: Head, view: View, generation: Generation, include_usage: bool
-) -> AsyncGenerator[dict[str, Any], None]:
+) -> AsyncGenerator[dict[str, Any] | str, None]:
     """With echo the prompt leads each choice's first chunk. With echo and logprobs the prompt's
     logprobs come only with the end of the sample, so such a choice is sent whole at its end."""
     base = head.fields("text_completion")
@@ -224,6 +245,9 @@ async def completion_chunks(
             choice["token_ids"] = list(token_ids)
         return {**base, "choices": [choice], **view.chunk_usage(sample)}
 
+    # Without logprobs, token ids or usage, a choice's chunks before its last differ only in their text.
+    text_chunks = _TextChunks(lambda sample, text: chunk(sample, text, None, ())) if view.plain else None
+
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
             s = event.sample
@@ -235,7 +259,10 @@ async def completion_chunks(
             unechoed.discard(s.index)
             positions = event.logprobs if view.logprobs is not None else ()
             shows = bool(prefix or event.text or positions or (view.token_ids and event.token_ids))
-            if shows or event.done:
+            if text_chunks is not None and shows and not event.done:
+                yield text_chunks.encode(s, prefix + event.text)
+                sent[s.index] += len(prefix) + len(event.text)
+            elif shows or event.done:
                 # The last token's chunk carries the finish reason (as in vLLM and SGLang); only a
                 # sample that ended without a last chunk gets one of its own, with no logprobs.
                 logprobs = view.completion_logprobs(positions, offset=sent[s.index] + len(prefix)) if shows else None
@@ -247,7 +274,7 @@ async def completion_chunks(
 
 async def chat_chunks(
     head: Head, view: View, generation: Generation, include_usage: bool
-) -> AsyncGenerator[dict[str, Any], None]:
+) -> AsyncGenerator[dict[str, Any] | str, None]:
     base = head.fields("chat.completion.chunk")
     if include_usage:
         base["usage"] = None
@@ -281,10 +308,15 @@ async def chat_chunks(
         if echo:
             yield chunk(sample.index, {"content": echo})
     deltas = DeltaBuilder(stream_reasoning=view.stream_reasoning)
+    # Without logprobs, token ids or usage, a choice's content deltas before its last differ only in their text.
+    contents = _TextChunks(lambda sample, text: chunk(sample.index, {"content": text})) if view.plain else None
     async with contextlib.aclosing(generation.events()) as events:
         async for event in events:
             delta = deltas.of(event)
             index = event.sample.index
+            if contents is not None and not event.done and delta.keys() == {"content"}:
+                yield contents.encode(event.sample, delta["content"])
+                continue
             logprobs = view.chat_logprobs(event.logprobs)
             if event.done:
                 # The last token's chunk carries the finish reason; only a sample that ended without a

@@ -10,13 +10,13 @@ turns its own errors into an `error` event.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from gateway.chunk_json import json_text
 from gateway.disconnect import DisconnectWatch
 from gateway.errors import to_http_error
 
@@ -26,7 +26,7 @@ DONE = b"data: [DONE]\n\n"
 def encode(payload: dict[str, Any] | str) -> bytes:
     """A `data:` frame of `payload`, or of its JSON text when it comes encoded already."""
     if not isinstance(payload, str):
-        payload = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        payload = json_text(payload)
     return b"data: " + payload.encode() + b"\n\n"
 
 
@@ -35,7 +35,7 @@ def _nothing_ready() -> bool:
 
 
 async def frames(
-    events: AsyncGenerator[dict[str, Any], None] | AsyncGenerator[str, None],
+    events: AsyncGenerator[dict[str, Any] | str, None],
     ready: Callable[[], bool] = _nothing_ready,
 ) -> AsyncGenerator[bytes, None]:
     """Encode `events` (objects, or their JSON text), turning an error into an error event; always ends
