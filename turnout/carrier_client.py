@@ -12,6 +12,10 @@ Every answer read is handed to `deliver`. When the call ends or breaks (the serv
 or stopped), `broken` runs once, with the status every stream still on it fails with, as their own
 calls would have failed (UNAVAILABLE where gRPC lost the server's status: `_status_of_break`).
 
+`OpenCarrier` is the one carrier call a client keeps to a server (the gateway's to the router, the
+router's to each engine and each tokenizer): opened when first needed, forgotten once it breaks, so the
+next use opens a new one.
+
 `CarriedCall` is one carried server-streaming stream read like its own call: `read()` gives each
 response, then None (where a call gives `aio.EOF`); a stream that ended with an error raises that
 status as an `aio.AioRpcError`; `ready()` takes everything that arrived while its reader was busy;
@@ -149,6 +153,32 @@ class CarrierCall(Generic[Outgoing]):
             )
             return call_error(grpc.StatusCode.UNAVAILABLE, detail)
         return exc
+
+
+Call = TypeVar("Call", bound=CarrierCall[Any])
+
+
+class OpenCarrier(Generic[Call]):
+    """The carrier call open now, if any. `open_call(forget)` opens a new one, which calls `forget(itself)`
+    once it has broken; a later call that broke says nothing of the one opened since."""
+
+    def __init__(self, open_call: Callable[[Callable[[Call], None]], Call]) -> None:
+        self._open_call = open_call
+        self.current: Call | None = None
+
+    def get(self) -> Call:
+        """The open call, opening one if none is."""
+        if self.current is None:
+            self.current = self._open_call(self._forget)
+        return self.current
+
+    async def close(self) -> None:
+        if self.current is not None:
+            await self.current.close()
+
+    def _forget(self, call: Call) -> None:
+        if self.current is call:
+            self.current = None
 
 
 class CarriedCall(Generic[Response]):

@@ -23,9 +23,10 @@ stream, so it never waits for one).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 from turnout.carried_streams import current_trace_context
-from turnout.carrier_client import CarriedCall, ResponseStreamsCall
+from turnout.carrier_client import CarriedCall, OpenCarrier, ResponseStreamsCall
 from turnout.v1 import inference_pb2, inference_pb2_grpc
 
 CarriedGenerate = CarriedCall[inference_pb2.GenerateResponse]
@@ -34,14 +35,14 @@ CarriedGenerate = CarriedCall[inference_pb2.GenerateResponse]
 class _Session(ResponseStreamsCall[inference_pb2.GenerateStreamRequest, inference_pb2.GenerateResponse]):
     """One open GenerateStream and the streams on it, named by this side's stream ids."""
 
-    def __init__(self, carrier: GenerateCarrier, stub: inference_pb2_grpc.InferenceStub) -> None:
+    def __init__(self, forget: Callable[[_Session], None], stub: inference_pb2_grpc.InferenceStub) -> None:
         super().__init__(
             stub.GenerateStream,
             inference_pb2.GenerateStreamRequest,
             "the router's GenerateStream",
             key_field="stream_id",
             key_of_command=lambda command: command.stream_id,
-            on_broken=lambda: carrier._ended(self),
+            on_broken=lambda: forget(self),
         )
 
     def start(self, stream_id: int, request: inference_pb2.GenerateRequest, timeout_s: float | None) -> CarriedGenerate:
@@ -62,20 +63,12 @@ class GenerateCarrier:
     """One client's Generate streams to the router, over one GenerateStream at a time."""
 
     def __init__(self, stub: inference_pb2_grpc.InferenceStub) -> None:
-        self._stub = stub
-        self._session: _Session | None = None
+        self.carrier: OpenCarrier[_Session] = OpenCarrier(lambda forget: _Session(forget, stub))
         self._ids = itertools.count(1)
 
     def generate(self, request: inference_pb2.GenerateRequest, timeout_s: float | None) -> CarriedGenerate:
         """Start `request` on the router (opening the carrier if none is open)."""
-        if self._session is None:
-            self._session = _Session(self, self._stub)
-        return self._session.start(next(self._ids), request, timeout_s)
+        return self.carrier.get().start(next(self._ids), request, timeout_s)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    def _ended(self, session: _Session) -> None:
-        if self._session is session:
-            self._session = None
+        await self.carrier.close()

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 
 from grpc import aio
 
 from turnout.carried_streams import end_error
-from turnout.carrier_client import CarrierCall
+from turnout.carrier_client import CarrierCall, OpenCarrier
 from turnout.errors import Unavailable
 from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -45,8 +46,8 @@ class CarriedDetokenize:
 class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
     """One open DetokenizeStream and the exchanges waiting on it."""
 
-    def __init__(self, mux: DetokenizeMux, stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
-        self._mux = mux
+    def __init__(self, forget: Callable[[_Carrier], None], stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
+        self._forget = forget
         self._waiting: dict[int, asyncio.Future[tokenizer_pb2.DetokenizeResponse]] = {}
         # Streams opened here whose end has not come and that this side has not closed: only they need a
         # close (a stream ends on the tokenizer's side with the answer that ends its sequence).
@@ -100,7 +101,7 @@ class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
             waiting.set_exception(error)
 
     def broken(self, error: aio.AioRpcError) -> None:
-        self._mux._ended(self)
+        self._forget(self)
         self._open.clear()
         for waiting in self._waiting.values():
             if not waiting.done():
@@ -112,22 +113,15 @@ class DetokenizeMux:
     """The Detokenize streams this router opens on one tokenizer, carried by one stream at a time."""
 
     def __init__(self, stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
-        self._stub = stub
-        self._carrier: _Carrier | None = None
+        self.carrier: OpenCarrier[_Carrier] = OpenCarrier(lambda forget: _Carrier(forget, stub))
         self._ids = itertools.count(1)
 
     def open(self) -> CarriedDetokenize:
         """A new sample's stream (on the open carrier, opening one if none is)."""
-        if self._carrier is None:
-            self._carrier = _Carrier(self, self._stub)
+        carrier = self.carrier.get()
         stream_id = next(self._ids)
-        self._carrier.opened(stream_id)
-        return CarriedDetokenize(self._carrier, stream_id)
+        carrier.opened(stream_id)
+        return CarriedDetokenize(carrier, stream_id)
 
     async def close(self) -> None:
-        if self._carrier is not None:
-            await self._carrier.close()
-
-    def _ended(self, carrier: _Carrier) -> None:
-        if self._carrier is carrier:
-            self._carrier = None
+        await self.carrier.close()

@@ -18,7 +18,9 @@ next request opens a new one.
 
 from __future__ import annotations
 
-from turnout.carrier_client import CarriedCall, ResponseStreamsCall
+from collections.abc import Callable
+
+from turnout.carrier_client import CarriedCall, OpenCarrier, ResponseStreamsCall
 from turnout.v1 import engine_pb2, engine_pb2_grpc
 
 MuxedCall = CarriedCall[engine_pb2.EngineGenerateResponse]
@@ -27,14 +29,14 @@ MuxedCall = CarriedCall[engine_pb2.EngineGenerateResponse]
 class _Session(ResponseStreamsCall[engine_pb2.EngineStreamCommands, engine_pb2.EngineGenerateResponse]):
     """One open GenerateStream and the requests on it, named by their request ids."""
 
-    def __init__(self, mux: EngineMux, stub: engine_pb2_grpc.EngineStub) -> None:
+    def __init__(self, forget: Callable[[_Session], None], stub: engine_pb2_grpc.EngineStub) -> None:
         super().__init__(
             stub.GenerateStream,
             engine_pb2.EngineStreamCommands,
             "the engine's GenerateStream",
             key_field="request_id",
             key_of_command=lambda command: command.generate.request_id,
-            on_broken=lambda: mux._ended(self),
+            on_broken=lambda: forget(self),
         )
 
     def start(self, request: engine_pb2.EngineGenerateRequest) -> MuxedCall:
@@ -54,19 +56,11 @@ class EngineMux:
     """The requests this router sends to one engine, over one GenerateStream at a time."""
 
     def __init__(self, stub: engine_pb2_grpc.EngineStub) -> None:
-        self._stub = stub
-        self._session: _Session | None = None
+        self.carrier: OpenCarrier[_Session] = OpenCarrier(lambda forget: _Session(forget, stub))
 
     def generate(self, request: engine_pb2.EngineGenerateRequest) -> MuxedCall:
         """Start `request` on the engine (opening the stream if none is open)."""
-        if self._session is None:
-            self._session = _Session(self, self._stub)
-        return self._session.start(request)
+        return self.carrier.get().start(request)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    def _ended(self, session: _Session) -> None:
-        if self._session is session:
-            self._session = None
+        await self.carrier.close()

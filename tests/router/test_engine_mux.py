@@ -49,7 +49,7 @@ async def test_requests_share_one_stream_and_read_like_their_own_calls(engine: F
             assert responses[-1].HasField("complete")
         assert [r.request_id for r in engine.received] == ["r0", "r1", "r2"]
         assert engine.command_messages == [3]  # started in one turn: one message
-        assert mux._session is not None and not mux._session.streams  # every request has ended
+        assert mux.carrier.current is not None and not mux.carrier.current.streams  # every request has ended
         await mux.close()
 
 

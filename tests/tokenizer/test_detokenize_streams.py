@@ -115,7 +115,7 @@ async def test_a_stream_ends_with_the_answer_that_ends_its_sequence_and_needs_no
     # The tokenizer read each stream's start and chunks, and no close: both ended on its side, the one
     # with its last chunk's answer, the other with the answer where the stop matched.
     assert tokenizer.servicer.items == sum(1 + len(responses) for responses in carried)
-    carrier = mux._carrier
+    carrier = mux.carrier.current
     assert carrier is not None and not carrier._open
     ok = tokenizer.metrics.requests.labels("Detokenize", "OK")
     await eventually(lambda: ok._value.get() == 2, WAIT_S)
@@ -151,7 +151,7 @@ async def test_a_lost_carrier_fails_its_exchanges_and_the_next_stream_opens_a_ne
     mux = DetokenizeMux(tokenizer.stub)
     first = mux.open()
     await first.exchange(tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart()))
-    carrier = mux._carrier
+    carrier = mux.carrier.current
     assert carrier is not None
     carrier._call.cancel()  # the stream breaks under it, as a dead tokenizer's would
     with pytest.raises(aio.AioRpcError) as lost:
@@ -162,7 +162,7 @@ async def test_a_lost_carrier_fails_its_exchanges_and_the_next_stream_opens_a_ne
         "".join(r.text for r in await _carried(mux, tokenizer_pb2.DetokenizeStart(), ids_of(text_tokenizer, TEXT)))
         == TEXT
     )
-    assert mux._carrier is not carrier
+    assert mux.carrier.current is not carrier
     await mux.close()
 
 
@@ -172,7 +172,7 @@ async def test_draining_refuses_new_streams_and_ends_the_carrier_once_its_stream
     mux = DetokenizeMux(tokenizer.stub)
     running = mux.open()
     await running.exchange(tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart()))
-    carrier = mux._carrier
+    carrier = mux.carrier.current
     tokenizer.servicer.drain()
     late = mux.open()
     with pytest.raises(aio.AioRpcError) as refused:
@@ -181,7 +181,7 @@ async def test_draining_refuses_new_streams_and_ends_the_carrier_once_its_stream
     # The running stream is served to its end; then the carrier ends, with the router's side still open.
     tokens = tokenizer_pb2.DetokenizeTokens(token_ids=ids_of(text_tokenizer, "bye"), last=True)
     assert (await running.exchange(tokenizer_pb2.DetokenizeRequest(tokens=tokens))).text == "bye"
-    assert mux._carrier is carrier
+    assert mux.carrier.current is carrier
     running.close()
-    await eventually(lambda: mux._carrier is None, WAIT_S)  # the tokenizer ended it
+    await eventually(lambda: mux.carrier.current is None, WAIT_S)  # the tokenizer ended it
     await mux.close()
