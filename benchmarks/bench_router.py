@@ -48,6 +48,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import service_ceiling
+from benchmarks.http_stream import HttpConnection
 from turnout.child_processes import free_port
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
@@ -210,7 +211,9 @@ async def through_gateway(url: str, prompts: list[list[int]], output_len: int) -
     (`raw_http_stream`): an HTTP client that parses every event in Python (httpx did) spends about what
     the gateway does on the same cores, and the direct path's client (a gRPC stub) does not."""
     port = int(url.rsplit(":", 1)[1])
-    return await gather_streams(prompts, lambda prompt: raw_http_stream(port, prompt, output_len))
+    return await gather_streams(
+        prompts, lambda prompt: raw_http_stream(HttpConnection(port, keep_alive=False), prompt, output_len)
+    )
 
 
 async def sequential(run: Callable[[list[list[int]]], Awaitable[Run]], prompts: list[list[int]]) -> Run:
@@ -236,21 +239,20 @@ async def router_stream(stub: inference_pb2_grpc.InferenceStub, prompt: list[int
     return arrivals
 
 
-async def raw_http_stream(port: int, prompt: list[int], output_len: int) -> Arrivals:
-    """One `/generate` SSE stream on a connection of its own, read as bytes (events counted, not parsed), so
-    that the client's own parsing is not counted as the gateway's latency."""
+async def raw_http_stream(connection: HttpConnection, prompt: list[int], output_len: int) -> Arrivals:
+    """One `/generate` SSE stream, read as bytes (events counted, not parsed), so that the client's own
+    parsing is not counted as the gateway's latency."""
     arrivals = Arrivals(time.perf_counter(), [])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     event = b"data: {"
     tail = b""  # an event's start split between two reads is counted once, in the second
-    try:
-        writer.write(service_ceiling.generate_post(prompt, output_len))
-        while data := await reader.read(1 << 16):
-            seen = tail + data
-            arrivals.add(seen.count(event))  # one event per token with ignore_eos (no empty steps)
-            tail = seen[-(len(event) - 1) :]
-    finally:
-        writer.close()
+
+    def on_body(data: bytes) -> None:
+        nonlocal tail
+        seen = tail + data
+        arrivals.add(seen.count(event))  # one event per token with ignore_eos (no empty steps)
+        tail = seen[-(len(event) - 1) :]
+
+    await connection.exchange("/generate", service_ceiling.generate_body(prompt, output_len), on_body)
     return arrivals
 
 
@@ -268,11 +270,14 @@ def one_stream_at_a_time(stack: Serve, args: argparse.Namespace) -> list[str]:
         ):
             engine = engine_pb2_grpc.EngineStub(engine_channel)
             router = inference_pb2_grpc.InferenceStub(router_channel)
+            # Like the gRPC paths' channels, the HTTP connection stays open from one request to the next
+            # (as `vllm bench serve` keeps its own), unless --http-connections per-request.
+            http = HttpConnection(stack.port, keep_alive=args.http_connections == "kept")
             out = args.single_output_len
             paths: dict[str, Callable[[list[int]], Awaitable[Arrivals]]] = {
                 "engine": lambda p: direct_stream(engine, p, out),
                 "router": lambda p: router_stream(router, p, out),
-                "gateway": lambda p: raw_http_stream(stack.port, p, out),
+                "gateway": lambda p: raw_http_stream(http, p, out),
             }
             for r in range(args.single_requests + 2):  # the first two rounds warm up
                 order = list(paths)
@@ -282,6 +287,7 @@ def one_stream_at_a_time(stack: Serve, args: argparse.Namespace) -> list[str]:
                     arrivals = await paths[name](prompt)
                     if r >= 2:
                         measured[name].append(arrivals)
+            http.close()
         return measured
 
     measured = asyncio.run(run())
@@ -378,7 +384,9 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
             "router": service_ceiling.Target("router", f"127.0.0.1:{stack.router_port}"),
             "router-stream": service_ceiling.Target("router-stream", f"127.0.0.1:{stack.router_port}"),
             "client": service_ceiling.Target("client", f"127.0.0.1:{stack.router_port}"),
-            "gateway": service_ceiling.Target("gateway", str(stack.port), api=args.ceiling_api),
+            "gateway": service_ceiling.Target(
+                "gateway", str(stack.port), api=args.ceiling_api, keep_alive=args.http_connections == "kept"
+            ),
         }
         rows = []
         for k, streams in enumerate(args.ceiling_streams):
@@ -438,6 +446,13 @@ def main() -> None:
         "--ceiling-api", choices=service_ceiling.APIS, default="generate", help="the gateway path's HTTP API"
     )
     parser.add_argument("--ceiling-requests", type=int, default=2, help="requests each stream sends in turn")
+    parser.add_argument(
+        "--http-connections",
+        choices=("kept", "per-request"),
+        default="kept",
+        help="the gateway path's HTTP connections (one stream and --ceiling): kept open from one request to the "
+        "next, as `vllm bench serve` keeps its own, or opened and closed for each request",
+    )
     parser.add_argument("--ceiling-settle", type=float, default=3.0, help="seconds for the clients to warm up")
     parser.add_argument(
         "--api-server-count", type=int, default=1, help="gateway processes of the --ceiling stack (their CPU summed)"

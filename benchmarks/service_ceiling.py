@@ -16,6 +16,9 @@ closed-loop load (every stream sends its requests back to back: token-id prompts
 - gateway: the gateway's HTTP `/generate` with `input_ids`, streaming (SSE); or with `--ceiling-api`
   OpenAI's `/v1/completions` (a token-id prompt, as `vllm bench serve` sends by default) or
   `/v1/chat/completions` (one user message: its text, so the tokenizer encodes it and applies the template).
+  Each stream keeps its HTTP connection from one request to the next, as `vllm bench serve` keeps its own
+  (`--http-connections per-request`: a connection opened and closed for each, which costs the gateway
+  more than the request itself with short outputs; benchmarks/http_stream.py).
 
 The load comes from `--clients` processes (streams split among them) so that one Python client's
 event loop is not the limit; their CPU is reported beside the services' (CPU seconds per 1,000
@@ -40,6 +43,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks.http_stream import HttpConnection
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
 from turnout.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
@@ -60,6 +64,7 @@ class Target:
     address: str  # host:port (gRPC) or the gateway's port
     token: str = ""
     api: str = "generate"  # the gateway path's (APIS)
+    keep_alive: bool = True  # the gateway path's: one connection per stream, not one per request
 
 
 @dataclass(frozen=True)
@@ -134,9 +139,9 @@ async def _client_library_stream(client: Any, prompt: list[int], output_len: int
     return tokens, first
 
 
-def generate_post(prompt: list[int], output_len: int, api: str = "generate") -> bytes:
-    """A streaming request of `api` (APIS; greedy, `ignore_eos`) as the bytes of an HTTP/1.1 POST that closes
-    its connection at the end. The chat prompt is the ids written out as words: text the tokenizer encodes."""
+def generate_body(prompt: list[int], output_len: int, api: str = "generate") -> bytes:
+    """The JSON body of one streaming request to `APIS[api]`: `prompt`'s ids (or, for chat, a user message
+    made of them), `output_len` new tokens, `ignore_eos`."""
     if api == "generate":
         params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
         request: dict[str, Any] = {"input_ids": prompt, "sampling_params": params, "stream": True}
@@ -147,31 +152,23 @@ def generate_post(prompt: list[int], output_len: int, api: str = "generate") -> 
             request["prompt"] = prompt
         else:
             request["messages"] = [{"role": "user", "content": " ".join(f"w{t}" for t in prompt)}]
-    body = json.dumps(request).encode()
-    head = (
-        f"POST {APIS[api]} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    return head + body
+    return json.dumps(request).encode()
 
 
-async def _gateway_stream(port: int, prompt: list[int], output_len: int, api: str) -> tuple[int, float]:
-    """A bare HTTP/1.1 request on its own connection: the SSE bytes are only searched, not parsed,
-    so the client spends next to nothing per event (httpx would cost more than the gateway)."""
+async def _gateway_stream(
+    connection: HttpConnection, prompt: list[int], output_len: int, api: str
+) -> tuple[int, float]:
+    """One request through the gateway: the SSE bytes are only searched, not parsed."""
     start, first = time.perf_counter(), 0.0
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(generate_post(prompt, output_len, api))
-        tail = b""
-        while True:
-            data = await reader.read(1 << 16)
-            if not data:
-                break
-            if not first and b"data: {" in data:
-                first = time.perf_counter() - start
-            tail = (tail + data)[-(1 << 16) :]
-    finally:
-        writer.close()
+    tail = b""
+
+    def on_body(data: bytes) -> None:
+        nonlocal first, tail
+        if not first and b"data: {" in data:
+            first = time.perf_counter() - start
+        tail = (tail + data)[-(1 << 16) :]
+
+    await connection.exchange(APIS[api], generate_body(prompt, output_len, api), on_body)
     # The last event counts the tokens: /generate's is cumulative (SGLang's shape, its meta_info), and
     # OpenAI's with include_usage is the usage.
     event = tail[tail.rindex(b"data: {") + 6 :]
@@ -185,6 +182,8 @@ async def _client(
 ) -> ClientResult:
     rng = random.Random(seed)
     channel = carrier = library = None
+    # The gateway path's: a connection per stream, kept from one of its requests to the next (or one per request).
+    connections: dict[asyncio.Task[Any] | None, HttpConnection] = {}
     if target.path == "client":
         from turnout.client import AsyncClient
 
@@ -196,7 +195,10 @@ async def _client(
         port = int(target.address)
 
         async def one(prompt: list[int]) -> tuple[int, float]:
-            return await _gateway_stream(port, prompt, output_len, target.api)
+            task = asyncio.current_task()
+            if task not in connections:
+                connections[task] = HttpConnection(port, target.keep_alive)
+            return await _gateway_stream(connections[task], prompt, output_len, target.api)
     else:
         bearer = ClientCredentials(bearer=target.token) if target.token else None
         channel = client_channel(target.address, bearer)
@@ -235,6 +237,8 @@ async def _client(
     counts = await asyncio.gather(*(stream() for _ in range(streams)))
     end = time.monotonic()
     cpu = time.process_time() - cpu0
+    for connection in connections.values():
+        connection.close()
     if carrier is not None:
         await carrier.close()
     if library is not None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks import service_ceiling
 from benchmarks.bench_router import Arrivals, Serve, direct_stream, raw_http_stream, router_stream
+from benchmarks.http_stream import HttpConnection
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
 from turnout.v1 import engine_pb2_grpc, inference_pb2_grpc
@@ -102,10 +103,11 @@ async def _block(side: Side, args: argparse.Namespace, rng: random.Random, first
     ):
         engine = engine_pb2_grpc.EngineStub(engine_channel)
         router = inference_pb2_grpc.InferenceStub(router_channel)
+        http = HttpConnection(stack.port, keep_alive=args.http_connections == "kept")
         paths: dict[str, Callable[[list[int]], Awaitable[Arrivals]]] = {
             "engine": lambda p: direct_stream(engine, p, out),
             "router": lambda p: router_stream(router, p, out),
-            "gateway": lambda p: raw_http_stream(stack.port, p, out),
+            "gateway": lambda p: raw_http_stream(http, p, out),
         }
         order = list(paths)
         order = order[first % 3 :] + order[: first % 3]
@@ -120,6 +122,7 @@ async def _block(side: Side, args: argparse.Namespace, rng: random.Random, first
                 after = _cpu(side.processes)
                 for service in side.cpu_s:
                     side.cpu_s[service] += after[service] - before[service]
+        http.close()
 
 
 def compare(args: argparse.Namespace, log: Path, extra: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import bench_router
 from benchmarks.bench_router import Arrivals, Run
+from benchmarks.http_stream import HttpConnection
 
 
 def test_tokens_read_together_are_zero_apart_and_reads_are_their_time_apart(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,5 +50,5 @@ async def test_the_bare_http_client_counts_events_whose_start_is_split_between_r
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     async with server:
         port = server.sockets[0].getsockname()[1]
-        arrivals = await bench_router.raw_http_stream(port, [1, 2, 3], 5)
+        arrivals = await bench_router.raw_http_stream(HttpConnection(port), [1, 2, 3], 5)
     assert len(arrivals.times) == 5
