@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -292,17 +293,27 @@ class ServiceProcesses:
 
 def service_processes(serve_pid: int) -> dict[str, ServiceProcesses]:
     """The stack's service processes by name (`python -m turnout.cli NAME ...`), every process of a name
-    together (several gateways, several engines)."""
+    together (several gateways, several engines), each with the helper processes it started (the
+    tokenizer's chat-template render workers), so that their CPU counts as the service's."""
     found: dict[str, ServiceProcesses] = {}
+    service_of: dict[int, str] = {}
+    helpers: list[psutil.Process] = []
     for child in psutil.Process(serve_pid).children(recursive=True):
         try:
             argv = child.cmdline()
         except psutil.Error:
             continue
-        if "turnout.cli" in argv:
-            name = argv[argv.index("turnout.cli") + 1]
-            if name in SERVICES:
-                found.setdefault(name, ServiceProcesses([])).processes.append(child)
+        name = argv[argv.index("turnout.cli") + 1] if "turnout.cli" in argv else ""
+        if name in SERVICES:
+            found.setdefault(name, ServiceProcesses([])).processes.append(child)
+            service_of[child.pid] = name
+        else:
+            helpers.append(child)
+    for helper in helpers:  # after every service's own process, which stays first (the one profiled)
+        with contextlib.suppress(psutil.Error):
+            owner = next((service_of[p.pid] for p in helper.parents() if p.pid in service_of), None)
+            if owner is not None:
+                found[owner].processes.append(helper)
     return found
 
 
