@@ -256,6 +256,11 @@ async def raw_http_stream(connection: HttpConnection, prompt: list[int], output_
     return arrivals
 
 
+def keeps_connections(args: argparse.Namespace) -> bool:
+    """Whether the gateway path's HTTP connections stay open from one request to the next (--http-connections)."""
+    return bool(args.http_connections == "kept")
+
+
 def one_stream_at_a_time(stack: Serve, args: argparse.Namespace) -> list[str]:
     """TTFT and ITL of single streams through the engine's gRPC, the router's gRPC and the gateway's HTTP;
     each round sends one request down each path in a new random order, so drift hits the three alike."""
@@ -272,7 +277,7 @@ def one_stream_at_a_time(stack: Serve, args: argparse.Namespace) -> list[str]:
             router = inference_pb2_grpc.InferenceStub(router_channel)
             # Like the gRPC paths' channels, the HTTP connection stays open from one request to the next
             # (as `vllm bench serve` keeps its own), unless --http-connections per-request.
-            http = HttpConnection(stack.port, keep_alive=args.http_connections == "kept")
+            http = HttpConnection(stack.port, keep_alive=keeps_connections(args))
             out = args.single_output_len
             paths: dict[str, Callable[[list[int]], Awaitable[Arrivals]]] = {
                 "engine": lambda p: direct_stream(engine, p, out),
@@ -385,7 +390,7 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
             "router-stream": service_ceiling.Target("router-stream", f"127.0.0.1:{stack.router_port}"),
             "client": service_ceiling.Target("client", f"127.0.0.1:{stack.router_port}"),
             "gateway": service_ceiling.Target(
-                "gateway", str(stack.port), api=args.ceiling_api, keep_alive=args.http_connections == "kept"
+                "gateway", str(stack.port), api=args.ceiling_api, keep_alive=keeps_connections(args)
             ),
         }
         rows = []

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import service_ceiling
-from benchmarks.bench_router import Arrivals, Serve, direct_stream, raw_http_stream, router_stream
+from benchmarks.bench_router import Arrivals, Serve, direct_stream, keeps_connections, raw_http_stream, router_stream
 from benchmarks.http_stream import HttpConnection
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
@@ -103,7 +103,7 @@ async def _block(side: Side, args: argparse.Namespace, rng: random.Random, first
     ):
         engine = engine_pb2_grpc.EngineStub(engine_channel)
         router = inference_pb2_grpc.InferenceStub(router_channel)
-        http = HttpConnection(stack.port, keep_alive=args.http_connections == "kept")
+        http = HttpConnection(stack.port, keep_alive=keeps_connections(args))
         paths: dict[str, Callable[[list[int]], Awaitable[Arrivals]]] = {
             "engine": lambda p: direct_stream(engine, p, out),
             "router": lambda p: router_stream(router, p, out),
