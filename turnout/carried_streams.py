@@ -1,8 +1,9 @@
 """What every stream carried inside another gRPC stream shares (Inference.GenerateStream,
-Engine.GenerateStream, Tokenizer.DetokenizeStream): the status it ends with, the span it is traced in,
-and on the serving side the carrier call itself (`Carrier`: one writer for every carried stream's
-answers; `CarrierServer`: draining; `ResponseStreams`: carried streams that are each a server-streaming
-handler's responses, split to the message budget).
+Engine.GenerateStream, Tokenizer.DetokenizeStream and Tokenizer.EncodeStream): the status it ends with,
+the span it is traced in, and on the serving side the carrier call itself (`Carrier`: one writer for every
+carried stream's answers; `CarrierServer`: draining; `ResponseStreams`: carried streams that are each a
+server-streaming handler's responses, split to the message budget; `UnaryCalls`: carried unary calls, one
+answer each).
 
 A carried stream answers exactly as its own call would, so it ends with the status that call would
 have ended with (`set_end`: the one place an error becomes a `StreamEnd`, as `StatusInterceptor` is
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -292,11 +293,13 @@ class ResponseStreams(Carrier[Request, Batch]):
         if part.items:
             yield part
 
-    @staticmethod
-    def _too_big(size: int) -> ResourceExhausted:
+    # What makes an answer that big, for its error.
+    too_big_hint = " (hidden states of a long prompt?)"
+
+    def _too_big(self, size: int) -> ResourceExhausted:
         return ResourceExhausted(
-            f"an output of {size} bytes is over the {MESSAGE_BUDGET} bytes a message may carry "
-            "(hidden states of a long prompt?); the request was aborted"
+            f"an output of {size} bytes is over the {MESSAGE_BUDGET} bytes a message may carry"
+            f"{self.too_big_hint}; the request was aborted"
         )
 
     def _new_item(self, key: Any) -> _Item:
@@ -332,3 +335,26 @@ class ResponseStreams(Carrier[Request, Batch]):
     def _end(self, key: Any, exc: BaseException | None) -> None:
         set_end(self._pending_item(key).end, exc, self._method)
         self.wake()
+
+
+class UnaryCalls(ResponseStreams[Request, Batch]):
+    """A carrier whose carried items are each one unary call (`start_call`): answered by one item, its
+    response, or an `end` with the status the call would have failed with; a call that succeeds gets no
+    OK end after its response (the response is its end). `stop` cancels a call as a cancelled call stops:
+    no answer follows."""
+
+    too_big_hint = ""
+
+    def start_call(self, key: Any, call: Callable[[], Awaitable[Any]], trace_context: Mapping[str, str]) -> None:
+        """Run `call()` as the carried call `key` (refused while draining, or when `key` runs)."""
+
+        async def response() -> AsyncIterator[Any]:
+            yield await call()
+
+        self.start(key, response, trace_context)
+
+    def _end(self, key: Any, exc: BaseException | None) -> None:
+        if exc is None:
+            self.wake()  # answered already
+        else:
+            super()._end(key, exc)

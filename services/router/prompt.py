@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.router.tokenizer_pool import TokenizerClient
 from turnout.errors import InvalidArgument
 from turnout.v1 import common_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -25,7 +26,7 @@ class Prompt:
     thinking_off: bool = False
 
 
-async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizer: tokenizer_pb2_grpc.TokenizerStub) -> Prompt:
+async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizer: TokenizerClient) -> Prompt:
     which = request.WhichOneof("input")
     thinking_open = thinking_off = False
     if which == "input_ids":
@@ -44,7 +45,7 @@ async def encode_prompt(request: inference_pb2.GenerateRequest, tokenizer: token
                 encode.add_special_tokens = request.add_special_tokens
         else:
             raise InvalidArgument("a generate request needs `text`, `input_ids` or `chat`")
-        reply = await tokenizer.Encode(encode)
+        reply = await tokenizer.encode(encode)
         ids, thinking_open, thinking_off = list(reply.input_ids), reply.thinking_open, reply.thinking_off
         if not ids:
             raise InvalidArgument("the prompt encodes to no tokens")

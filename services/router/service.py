@@ -10,9 +10,9 @@ from services.router.engine_pool import EnginePool
 from services.router.generate_streams import GenerateStreams
 from services.router.generation import generate
 from services.router.metrics import RequestMetrics
-from services.router.tokenizer_pool import TokenizerPool
+from services.router.tokenizer_pool import TokenizerClient, TokenizerPool
 from turnout.errors import InvalidArgument
-from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, tokenizer_pb2
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -63,12 +63,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     @staticmethod
     async def _tokenize(
-        tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+        tokenizer: TokenizerClient,
         request: inference_pb2.TokenizeRequest,
         encode: tokenizer_pb2.EncodeRequest,
         model: common_pb2.ModelInfo,
     ) -> inference_pb2.TokenizeResponse:
-        reply = await tokenizer.Encode(encode)
+        reply = await tokenizer.encode(encode)
         response = inference_pb2.TokenizeResponse(
             input_ids=reply.input_ids, prompt_text=reply.prompt_text, max_model_len=model.max_context_length
         )

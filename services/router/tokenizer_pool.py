@@ -21,11 +21,12 @@ import grpc
 from grpc import aio
 
 from services.router.detokenize_mux import DetokenizeMux
+from services.router.encode_mux import EncodeMux
 from turnout.channel_ready import first_ready
 from turnout.errors import Unavailable
 from turnout.grpc_server import client_channel
 from turnout.security import ClientCredentials
-from turnout.v1 import tokenizer_pb2_grpc
+from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,17 @@ T = TypeVar("T")
 
 
 class TokenizerClient(tokenizer_pb2_grpc.TokenizerStub):
-    """A replica's stub, and the samples' Detokenize streams to it, carried by one stream (detokenize_mux.py)."""
+    """A replica's stub; the samples' Detokenize streams to it and the prompts' Encode calls, each kind
+    carried by one stream (detokenize_mux.py, encode_mux.py)."""
 
     def __init__(self, channel: aio.Channel) -> None:
         super().__init__(channel)
         self.texts = DetokenizeMux(self)
+        self._encodes = EncodeMux(self)
+
+    async def encode(self, request: tokenizer_pb2.EncodeRequest) -> tokenizer_pb2.EncodeResponse:
+        """What `Encode(request)` answers, carried by the EncodeStream."""
+        return await self._encodes.encode(request)
 
 
 class TokenizerPool:
@@ -74,7 +81,7 @@ class TokenizerPool:
             f"the tokenizer ({', '.join(self._addresses)}) went away during the request (restarting?); retry it"
         )
 
-    async def retrying(self, use: Callable[[tokenizer_pb2_grpc.TokenizerStub], Awaitable[T]]) -> T:
+    async def retrying(self, use: Callable[[TokenizerClient], Awaitable[T]]) -> T:
         """`use(stub)`, tried once more on a newly picked replica when the first one was unreachable."""
         for attempt in range(2):
             try:

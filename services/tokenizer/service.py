@@ -17,6 +17,7 @@ from services.tokenizer.config import TokenizerLimits
 from services.tokenizer.convert import message_to_dict, template_kwargs
 from services.tokenizer.detokenize_streams import DetokenizeStreams
 from services.tokenizer.detokenizer import IncrementalDetokenizer
+from services.tokenizer.encode_streams import EncodeStreams
 from services.tokenizer.output_parser import OutputParser
 from services.tokenizer.reasoning import DEFAULT_THINK_TAGS, reasoning_parser_class
 from services.tokenizer.render_pool import RenderPool
@@ -45,7 +46,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     ) -> None:
         """Parser names as in TokenizerConfig (validated there); None: that parsing is off. The render
         workers start with the first chat (or `start()`); `close()` stops them. `carried_metrics`: the
-        per-call metrics, which count each Detokenize stream carried by DetokenizeStream as a call."""
+        per-call metrics, which count each Detokenize stream carried by DetokenizeStream, and each Encode
+        carried by EncodeStream, as a call."""
         self._tokenizer = tokenizer
         self._content_format = content_format
         self._limits = limits = limits or TokenizerLimits()
@@ -60,10 +62,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         self._tool_parser = None if tool_call_parser is None else tool_parser_class(tool_call_parser)
         parser = self._reasoning_parser
         self._think_tags = DEFAULT_THINK_TAGS if parser is None else (parser.start_tag, parser.end_tag)
-        self._carried = DetokenizeStreams(
-            lambda requests: self.Detokenize(requests, None),
-            on_end=carried_metrics.record if carried_metrics is not None else None,
-        )
+        on_end = carried_metrics.record if carried_metrics is not None else None
+        self._carried = DetokenizeStreams(lambda requests: self.Detokenize(requests, None), on_end=on_end)
+        self._carried_encodes = EncodeStreams(lambda request: self.Encode(request, None), on_end=on_end)
 
     async def start(self) -> None:
         await self._render_pool.start()
@@ -73,7 +74,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         self._lanes.close()
 
     async def Encode(
-        self, request: tokenizer_pb2.EncodeRequest, context: aio.ServicerContext
+        self, request: tokenizer_pb2.EncodeRequest, context: aio.ServicerContext | None
     ) -> tokenizer_pb2.EncodeResponse:
         which = request.WhichOneof("input")
         thinking_open = False
@@ -118,8 +119,16 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return tokenizer_pb2.DecodeResponse(text=text)
 
     def drain(self) -> None:
-        """The server is stopping: DetokenizeStream calls take no new streams and end once idle."""
+        """The server is stopping: DetokenizeStream and EncodeStream calls take no new streams or calls and
+        end once idle."""
         self._carried.drain()
+        self._carried_encodes.drain()
+
+    async def EncodeStream(
+        self, requests: AsyncIterator[tokenizer_pb2.EncodeStreamRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[tokenizer_pb2.EncodeStreamResponse]:
+        async for answers in self._carried_encodes.serve(requests):
+            yield answers
 
     async def DetokenizeStream(
         self, requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest], context: aio.ServicerContext

@@ -28,6 +28,7 @@ from services.router.config import RouterConfig
 from services.router.engine_discovery import Resolver, resolve_dns
 from services.router.runtime import RouterRuntime
 from services.tokenizer.detokenize_streams import DetokenizeStreams
+from services.tokenizer.encode_streams import EncodeStreams
 from turnout.errors import StatusInterceptor, TurnoutError
 from turnout.v1 import (
     common_pb2,
@@ -185,9 +186,14 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
         self.streams = 0
         # The router's path: every sample's Detokenize stream carried by one, served as the tokenizer serves it.
         self._carried = DetokenizeStreams(lambda requests: self.Detokenize(requests, None))
+        self._carried_encodes = EncodeStreams(lambda request: self.Encode(request, None))
 
     async def DetokenizeStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
         async for answers in self._carried.serve(requests):
+            yield answers
+
+    async def EncodeStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for answers in self._carried_encodes.serve(requests):
             yield answers
 
     async def Encode(self, request: Any, context: Any) -> Any:

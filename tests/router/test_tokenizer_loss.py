@@ -32,7 +32,7 @@ class VanishingTokenizer(FakeTokenizer):
         self.encodes += 1
         if self.encode_failures > 0:
             self.encode_failures -= 1
-            await context.abort(grpc.StatusCode.UNAVAILABLE, SOCKET_TEXT)
+            raise Unavailable(SOCKET_TEXT)  # the status its call ends with, carried or not
         return await super().Encode(request, context)
 
     async def Detokenize(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:

@@ -8,8 +8,9 @@ per call. There are no CLIENT spans: one request is one trace with one span per 
 
 Health checks, reflection and the router's background polls of engines (GetLoad, GetModelInfo
 without a caller's trace context) are not traced: they would bury requests in noise. The router's and
-the engine's GenerateStream and the tokenizer's DetokenizeStream carry many requests' streams, each with
-its trace context in its request: their spans are opened per carried stream, none for the carrier.
+the engine's GenerateStream and the tokenizer's DetokenizeStream and EncodeStream carry many requests'
+streams or calls, each with its trace context in its request: their spans are opened per carried stream or
+call, none for the carrier.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _CARRIERS = frozenset(
         "/turnout.v1.Inference/GenerateStream",
         "/turnout.v1.Engine/GenerateStream",
         "/turnout.v1.Tokenizer/DetokenizeStream",
+        "/turnout.v1.Tokenizer/EncodeStream",
     }
 )
 # Status codes that say the server failed (the span is an error), as OpenTelemetry's gRPC conventions.

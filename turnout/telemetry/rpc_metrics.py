@@ -61,7 +61,8 @@ class RpcMetrics(aio.ServerInterceptor):  # type: ignore[misc]
 
     def record(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """One finished call of `method` (a name such as "Detokenize"); also for calls carried inside
-        another stream (services/tokenizer/detokenize_streams.py), which count as the calls they stand for."""
+        another stream (services/tokenizer/detokenize_streams.py, encode_streams.py), which count as the calls
+        they stand for."""
         self.requests.labels(method, code.name).inc()
         self.duration.labels(method).observe(seconds)
 
