@@ -51,7 +51,7 @@ from services.router.tokenizer_pool import TokenizerClient, TokenizerPool, is_un
 from services.router.tool_constraint import constrain_for_tools
 from turnout.errors import status_of
 from turnout.telemetry.request_context import set_request_id
-from turnout.v1 import common_pb2, engine_pb2, inference_pb2, tokenizer_pb2, tokenizer_pb2_grpc
+from turnout.v1 import common_pb2, engine_pb2, inference_pb2, tokenizer_pb2
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def _refused(verdict: asyncio.Future[tokenizer_pb2.DetokenizeResponse]) -> BaseE
 async def _responses(
     request: inference_pb2.GenerateRequest,
     engine_request: engine_pb2.EngineGenerateRequest,
-    tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+    tokenizer: TokenizerClient,
     samples: _Samples,
     ranking: bool,
     n: int,
@@ -271,11 +271,11 @@ def _detokenize_start(
     return start
 
 
-async def _fill_texts(tokenizer: tokenizer_pb2_grpc.TokenizerStub, response: inference_pb2.GenerateResponse) -> None:
+async def _fill_texts(tokenizer: TokenizerClient, response: inference_pb2.GenerateResponse) -> None:
     if response.WhichOneof("kind") == "chunk":
-        await fill_texts(tokenizer, response.chunk.logprobs)
+        await fill_texts(tokenizer.token_texts, response.chunk.logprobs)
     else:
-        await fill_texts(tokenizer, response.complete.input_logprobs)
+        await fill_texts(tokenizer.token_texts, response.complete.input_logprobs)
 
 
 class _Samples:

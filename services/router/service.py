@@ -73,8 +73,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             input_ids=reply.input_ids, prompt_text=reply.prompt_text, max_model_len=model.max_context_length
         )
         if request.return_token_strs and reply.input_ids:
-            texts = await tokenizer.TokenTexts(tokenizer_pb2.TokenTextsRequest(token_ids=reply.input_ids))
-            response.token_strs.extend(texts.texts)
+            found = await tokenizer.token_texts.of(reply.input_ids)
+            response.token_strs.extend(found[token_id][0] for token_id in reply.input_ids)
         return response
 
     async def Detokenize(

@@ -22,6 +22,7 @@ from grpc import aio
 
 from services.router.detokenize_mux import DetokenizeMux
 from services.router.encode_mux import EncodeMux
+from services.router.logprob_text import TokenTexts
 from turnout.channel_ready import first_ready
 from turnout.errors import Unavailable
 from turnout.grpc_server import client_channel
@@ -35,12 +36,13 @@ T = TypeVar("T")
 
 class TokenizerClient(tokenizer_pb2_grpc.TokenizerStub):
     """A replica's stub; the samples' Detokenize streams to it and the prompts' Encode calls, each kind
-    carried by one stream (detokenize_mux.py, encode_mux.py)."""
+    carried by one stream (detokenize_mux.py, encode_mux.py); its token table (logprob_text.py)."""
 
     def __init__(self, channel: aio.Channel) -> None:
         super().__init__(channel)
         self.texts = DetokenizeMux(self)
         self._encodes = EncodeMux(self)
+        self.token_texts = TokenTexts(self)
 
     async def encode(self, request: tokenizer_pb2.EncodeRequest) -> tokenizer_pb2.EncodeResponse:
         """What `Encode(request)` answers, carried by the EncodeStream."""

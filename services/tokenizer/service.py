@@ -233,7 +233,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     async def TokenTexts(
         self, request: tokenizer_pb2.TokenTextsRequest, context: aio.ServicerContext
     ) -> tokenizer_pb2.TokenTextsResponse:
-        ids = self._check_token_ids(request.token_ids, "TokenTexts")
+        if request.whole_vocabulary:
+            if request.token_ids:
+                raise InvalidArgument("TokenTexts takes token_ids or whole_vocabulary, not both")
+            ids = list(range(self._tokenizer.vocab_size))
+        else:
+            ids = self._check_token_ids(request.token_ids, "TokenTexts")
         texts, token_bytes = await self._lanes.run(len(ids), functools.partial(self._tokenizer.token_texts, ids))
         return tokenizer_pb2.TokenTextsResponse(texts=texts, token_bytes=token_bytes)
 

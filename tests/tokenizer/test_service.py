@@ -174,6 +174,21 @@ async def test_token_texts_give_each_tokens_text_and_true_bytes(
     assert b"".join(response.token_bytes) == "<|im_start|>Hi ÿé 🎉!".encode()
 
 
+async def test_token_texts_of_the_whole_vocabulary_are_its_table_in_order(
+    stub: tokenizer_pb2_grpc.TokenizerStub, text_tokenizer: TextTokenizer
+) -> None:
+    whole = await stub.TokenTexts(tokenizer_pb2.TokenTextsRequest(whole_vocabulary=True))
+    assert len(whole.texts) == len(whole.token_bytes) == text_tokenizer.vocab_size
+    ids = [1, *ids_of(text_tokenizer, "Hi ÿé 🎉!"), text_tokenizer.vocab_size - 1]
+    some = await stub.TokenTexts(tokenizer_pb2.TokenTextsRequest(token_ids=ids))
+    assert [whole.texts[i] for i in ids] == list(some.texts)
+    assert [whole.token_bytes[i] for i in ids] == list(some.token_bytes)
+    with pytest.raises(aio.AioRpcError) as both:
+        await stub.TokenTexts(tokenizer_pb2.TokenTextsRequest(token_ids=[5], whole_vocabulary=True))
+    assert both.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not both" in (both.value.details() or "")
+
+
 async def test_token_texts_refuse_ids_outside_the_vocabulary(stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
     with pytest.raises(aio.AioRpcError) as info:
         await stub.TokenTexts(tokenizer_pb2.TokenTextsRequest(token_ids=[5, 123456]))
