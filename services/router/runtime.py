@@ -41,7 +41,9 @@ class RouterRuntime:
         self.request_metrics = RequestMetrics()
         # The router's own series: what --metrics-port serves, and the first part of Metrics.Scrape.
         self.registry = make_registry(self.engines, self.request_metrics.registry)
-        self.inference = InferenceServicer(self.engines, self.tokenizers, self.request_metrics)
+        self.inference = InferenceServicer(
+            self.engines, self.tokenizers, self.request_metrics, log_requests=config.enable_log_requests
+        )
 
     async def start(self) -> None:
         for target in self.config.engines:

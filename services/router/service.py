@@ -16,10 +16,19 @@ from turnout.v1 import common_pb2, inference_pb2, inference_pb2_grpc, tokenizer_
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, engines: EnginePool, tokenizers: TokenizerPool, metrics: RequestMetrics | None = None) -> None:
+    def __init__(
+        self,
+        engines: EnginePool,
+        tokenizers: TokenizerPool,
+        metrics: RequestMetrics | None = None,
+        *,
+        log_requests: bool = False,
+    ) -> None:
+        """`log_requests`: a log line per Generate request at its end (--enable-log-requests)."""
         self._engines = engines
         self._tokenizers = tokenizers
         self._metrics = metrics or RequestMetrics()
+        self._log_requests = log_requests
         self.streams = GenerateStreams(self.Generate)
 
     def drain(self) -> None:
@@ -29,7 +38,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        batches = self._metrics.observe(generate(request, self._engines, self._tokenizers))
+        generation = generate(request, self._engines, self._tokenizers, log_requests=self._log_requests)
+        batches = self._metrics.observe(generation)
         async for batch in batches:
             if request.accept_batches:
                 # One message for what was ready together; the caller reads `batch` (inference.proto).

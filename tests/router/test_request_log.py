@@ -1,5 +1,6 @@
-"""The router logs one line per Generate request, at its end: where it ran, why, and how it ended
-(docs/observability.md). A line per step, or two per request, cost the event loop as much as routing."""
+"""With --enable-log-requests the router logs one line per Generate request, at its end: where it ran, why, and
+how it ended (docs/observability.md). A line per step, or two per request, cost the event loop as much as
+routing; without the flag (the default, as in vLLM and SGLang) there is none."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def router_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 
 async def test_one_line_per_request_at_its_end(make_cluster: Make, caplog: pytest.LogCaptureFixture) -> None:
-    cluster = await make_cluster(2, policy="round_robin")
+    cluster = await make_cluster(2, policy="round_robin", enable_log_requests=True)
     caplog.set_level(logging.INFO)
     caplog.clear()
     assert text_of(await cluster.generate("hello")) == "<100><101><102>"
@@ -41,7 +42,7 @@ async def test_one_line_per_request_at_its_end(make_cluster: Make, caplog: pytes
 
 
 async def test_a_refused_request_logs_its_status(make_cluster: Make, caplog: pytest.LogCaptureFixture) -> None:
-    cluster = await make_cluster(1)
+    cluster = await make_cluster(1, enable_log_requests=True)
     cluster.engines[0].fail = grpc.StatusCode.INVALID_ARGUMENT
     caplog.set_level(logging.INFO)
     caplog.clear()
@@ -51,3 +52,11 @@ async def test_a_refused_request_logs_its_status(make_cluster: Make, caplog: pyt
     fields = vars(line)
     assert line.getMessage() == "generated"
     assert fields["status"] == "INVALID_ARGUMENT" and fields["completion_tokens"] == 0
+
+
+async def test_no_line_unless_asked(make_cluster: Make, caplog: pytest.LogCaptureFixture) -> None:
+    cluster = await make_cluster(1)
+    caplog.set_level(logging.DEBUG)
+    caplog.clear()
+    assert text_of(await cluster.generate("hello")) == "<100><101><102>"
+    assert [r.getMessage() for r in router_lines(caplog)] == []

@@ -43,8 +43,9 @@ def test_trace_context_crosses_every_process(
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
     monkeypatch.setenv("TURNOUT_LOG_FORMAT", "json")
     log_path = tmp_path / "stack.log"
-    # Debug level: the engine's line per request (`generate`) is a debug line.
-    stack = start_stack(tiny_model_dir, log_path, "--metrics", "--log-level", "debug")
+    # Debug level: the engine's line per request (`generate`) is a debug line; the router's (`generated`)
+    # is written when asked for.
+    stack = start_stack(tiny_model_dir, log_path, "--metrics", "--log-level", "debug", "--enable-log-requests")
     try:
         body = {"prompt": "Hello", "max_tokens": 3, "ignore_eos": True, "request_id": "e2e-trace"}
         reply = httpx.post(f"{stack.base_url}/v1/completions", json=body, timeout=60)
