@@ -4,7 +4,8 @@ A token's text and bytes are a function of its id and the tokenizer alone, so th
 tokenizer replica's whole table (`TokenTexts`), fetched in one `TokenTexts` call the first time a request
 asks for logprobs as text: before, every engine message of such a request cost a `TokenTexts` call, a
 round trip to the tokenizer for every token it streamed. The table holds the vocabulary's texts and bytes
-(a few MB for a 50k vocabulary, ~25 MB for 256k).
+(a few MB for a 50k vocabulary, ~25 MB for 256k). A replica keeps its vocabulary while the router runs, as
+an engine keeps its model: ids would mean other tokens to the engines otherwise.
 """
 
 from __future__ import annotations
