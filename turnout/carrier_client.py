@@ -16,6 +16,9 @@ calls would have failed (UNAVAILABLE where gRPC lost the server's status: `_stat
 router's to each engine and each tokenizer): opened when first needed, forgotten once it breaks, so the
 next use opens a new one.
 
+`AnsweredCall` is a carrier call whose items are each answered once (the router's Detokenize exchanges and
+Encode calls): the futures waiting for the answers, failed together when the call breaks.
+
 `CarriedCall` is one carried server-streaming stream read like its own call: `read()` gives each
 response, then None (where a call gives `aio.EOF`); a stream that ended with an error raises that
 status as an `aio.AioRpcError`; `ready()` takes everything that arrived while its reader was busy;
@@ -153,6 +156,53 @@ class CarrierCall(Generic[Outgoing]):
             )
             return call_error(grpc.StatusCode.UNAVAILABLE, detail)
         return exc
+
+
+class AnsweredCall(CarrierCall[Outgoing], Generic[Outgoing, Response]):
+    """A carrier call whose items are each answered once, by an answer naming the same key (a Detokenize
+    exchange, an Encode call): `expect(key)` is the answer's future; `settle` resolves it; an item too big
+    to send (`refuse`) and a broken call (`broken`) fail the futures waiting, as their own calls would have
+    failed. `forget(self)` tells the owner the call broke."""
+
+    def __init__(
+        self,
+        forget: Callable[[Any], None],
+        open_call: Callable[[AsyncIterator[Outgoing]], Any],
+        new_outgoing: Callable[[], Outgoing],
+        what: str,
+    ) -> None:
+        self._forget = forget
+        self._waiting: dict[int, asyncio.Future[Response]] = {}
+        super().__init__(open_call, new_outgoing, what)
+
+    def key_of(self, item: Any) -> int:
+        """The key an outgoing item names."""
+        raise NotImplementedError
+
+    def expect(self, key: int) -> asyncio.Future[Response]:
+        answer: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = answer
+        return answer
+
+    def settle(self, key: int, response: Response | None = None, error: BaseException | None = None) -> None:
+        """`key`'s answer is `response` (or `error`); nothing when no one waits for it any more."""
+        waiting = self._waiting.pop(key, None)
+        if waiting is None or waiting.done():
+            return
+        if error is not None:
+            waiting.set_exception(error)
+        else:
+            waiting.set_result(response)  # type: ignore[arg-type]
+
+    def refuse(self, item: Any, error: aio.AioRpcError) -> None:
+        self.settle(self.key_of(item), error=error)
+
+    def broken(self, error: aio.AioRpcError) -> None:
+        self._forget(self)
+        for waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(error)
+        self._waiting.clear()
 
 
 Call = TypeVar("Call", bound=CarrierCall[Any])

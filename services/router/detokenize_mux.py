@@ -14,14 +14,13 @@ and the next sample opens a new carrier.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Callable
 
 from grpc import aio
 
 from turnout.carried_streams import end_error
-from turnout.carrier_client import CarrierCall, OpenCarrier
+from turnout.carrier_client import AnsweredCall, OpenCarrier
 from turnout.errors import Unavailable
 from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
@@ -43,17 +42,15 @@ class CarriedDetokenize:
         self._carrier.close_stream(self._id)
 
 
-class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
+class _Carrier(AnsweredCall[tokenizer_pb2.DetokenizeStreamRequest, tokenizer_pb2.DetokenizeResponse]):
     """One open DetokenizeStream and the exchanges waiting on it."""
 
     def __init__(self, forget: Callable[[_Carrier], None], stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
-        self._forget = forget
-        self._waiting: dict[int, asyncio.Future[tokenizer_pb2.DetokenizeResponse]] = {}
         # Streams opened here whose end has not come and that this side has not closed: only they need a
         # close (a stream ends on the tokenizer's side with the answer that ends its sequence).
         self._open: set[int] = set()
         super().__init__(
-            stub.DetokenizeStream, tokenizer_pb2.DetokenizeStreamRequest, "the tokenizer's DetokenizeStream"
+            forget, stub.DetokenizeStream, tokenizer_pb2.DetokenizeStreamRequest, "the tokenizer's DetokenizeStream"
         )
 
     async def exchange(
@@ -61,8 +58,7 @@ class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
     ) -> tokenizer_pb2.DetokenizeResponse:
         if self.error is not None:
             raise self.error
-        answer: asyncio.Future[tokenizer_pb2.DetokenizeResponse] = asyncio.get_running_loop().create_future()
-        self._waiting[stream_id] = answer
+        answer = self.expect(stream_id)
         item = self.outgoing.items.add()
         item.stream_id = stream_id
         item.request.CopyFrom(request)
@@ -82,31 +78,22 @@ class _Carrier(CarrierCall[tokenizer_pb2.DetokenizeStreamRequest]):
             self.outgoing.items.add(stream_id=stream_id, close=True)
             self.due()
 
-    def deliver(self, answer: tokenizer_pb2.DetokenizeStreamAnswer) -> None:
-        ended = answer.WhichOneof("kind") != "response"
-        if ended:
-            self._open.discard(answer.stream_id)
-        waiting = self._waiting.pop(answer.stream_id, None)
-        if waiting is None or waiting.done():
-            return  # the end of a stream whose sequence ended, or that this side closed
-        if not ended:
-            waiting.set_result(answer.response)
-        else:
-            refusal = end_error(answer.end)
-            waiting.set_exception(refusal or Unavailable("tokenizer closed the detokenize stream early"))
+    def key_of(self, item: tokenizer_pb2.DetokenizeStreamItem) -> int:
+        return item.stream_id
 
-    def refuse(self, item: tokenizer_pb2.DetokenizeStreamItem, error: aio.AioRpcError) -> None:
-        waiting = self._waiting.pop(item.stream_id, None)
-        if waiting is not None and not waiting.done():
-            waiting.set_exception(error)
+    def deliver(self, answer: tokenizer_pb2.DetokenizeStreamAnswer) -> None:
+        # An end of a stream whose sequence ended, or that this side closed, finds no one waiting.
+        if answer.WhichOneof("kind") == "response":
+            self.settle(answer.stream_id, answer.response)
+            return
+        self._open.discard(answer.stream_id)
+        if answer.stream_id in self._waiting:  # most ends follow the answer that ended the sequence: no one waits
+            refusal = end_error(answer.end)
+            self.settle(answer.stream_id, error=refusal or Unavailable("tokenizer closed the detokenize stream early"))
 
     def broken(self, error: aio.AioRpcError) -> None:
-        self._forget(self)
         self._open.clear()
-        for waiting in self._waiting.values():
-            if not waiting.done():
-                waiting.set_exception(error)
-        self._waiting.clear()
+        super().broken(error)
 
 
 class DetokenizeMux:

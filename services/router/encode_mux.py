@@ -18,27 +18,22 @@ import asyncio
 import itertools
 from collections.abc import Callable
 
-from grpc import aio
-
 from turnout.carried_streams import current_trace_context, end_error
-from turnout.carrier_client import CarrierCall, OpenCarrier
+from turnout.carrier_client import AnsweredCall, OpenCarrier
 from turnout.errors import Unavailable
 from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
 
-class _Carrier(CarrierCall[tokenizer_pb2.EncodeStreamRequest]):
+class _Carrier(AnsweredCall[tokenizer_pb2.EncodeStreamRequest, tokenizer_pb2.EncodeResponse]):
     """One open EncodeStream and the calls waiting on it."""
 
     def __init__(self, forget: Callable[[_Carrier], None], stub: tokenizer_pb2_grpc.TokenizerStub) -> None:
-        self._forget = forget
-        self._waiting: dict[int, asyncio.Future[tokenizer_pb2.EncodeResponse]] = {}
-        super().__init__(stub.EncodeStream, tokenizer_pb2.EncodeStreamRequest, "the tokenizer's EncodeStream")
+        super().__init__(forget, stub.EncodeStream, tokenizer_pb2.EncodeStreamRequest, "the tokenizer's EncodeStream")
 
     async def encode(self, call_id: int, request: tokenizer_pb2.EncodeRequest) -> tokenizer_pb2.EncodeResponse:
         if self.error is not None:
             raise self.error
-        answer: asyncio.Future[tokenizer_pb2.EncodeResponse] = asyncio.get_running_loop().create_future()
-        self._waiting[call_id] = answer
+        answer = self.expect(call_id)
         item = self.outgoing.items.add(call_id=call_id, trace_context=current_trace_context())
         item.request.CopyFrom(request)
         self.due()
@@ -52,27 +47,15 @@ class _Carrier(CarrierCall[tokenizer_pb2.EncodeStreamRequest]):
         finally:
             self._waiting.pop(call_id, None)
 
+    def key_of(self, item: tokenizer_pb2.EncodeStreamItem) -> int:
+        return item.call_id
+
     def deliver(self, answer: tokenizer_pb2.EncodeStreamAnswer) -> None:
-        waiting = self._waiting.pop(answer.call_id, None)
-        if waiting is None or waiting.done():
-            return  # cancelled here
         if answer.WhichOneof("kind") == "response":
-            waiting.set_result(answer.response)
+            self.settle(answer.call_id, answer.response)
         else:
             refusal = end_error(answer.end)
-            waiting.set_exception(refusal or Unavailable("the tokenizer answered an Encode with no response"))
-
-    def refuse(self, item: tokenizer_pb2.EncodeStreamItem, error: aio.AioRpcError) -> None:
-        waiting = self._waiting.pop(item.call_id, None)
-        if waiting is not None and not waiting.done():
-            waiting.set_exception(error)
-
-    def broken(self, error: aio.AioRpcError) -> None:
-        self._forget(self)
-        for waiting in self._waiting.values():
-            if not waiting.done():
-                waiting.set_exception(error)
-        self._waiting.clear()
+            self.settle(answer.call_id, error=refusal or Unavailable("the tokenizer answered an Encode with nothing"))
 
 
 class EncodeMux:
