@@ -48,7 +48,10 @@ class DisconnectWatch:
     ) -> bool:
         # Runs before the watcher can run again: work that completed is never cancelled after the fact.
         assert self._watcher is not None and self._task is not None
+        # The watcher ends with its CancelledError, whose traceback holds its frames and so this watch:
+        # dropped here, the watcher is no cycle for the garbage collector (two a streamed request).
         self._watcher.cancel()
+        self._watcher = None
         if exc_type is None or not issubclass(exc_type, asyncio.CancelledError) or not self.gone:
             return False
         # Our own cancel: taken back (3.11+ counts a task's cancels); one from elsewhere too goes on.

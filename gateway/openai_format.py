@@ -122,7 +122,10 @@ class _TextChunks:
     def encode(self, sample: Sample, text: str) -> str:
         chunk = self._chunks.get(sample.index)
         if chunk is None:
-            chunk = self._chunks[sample.index] = TextChunk(lambda text: self._build(sample, text))
+            # The closure holds `build`, not `self`: through self its TextChunk would hold itself, a cycle
+            # only the garbage collector frees (one per streamed request).
+            build = self._build
+            chunk = self._chunks[sample.index] = TextChunk(lambda text: build(sample, text))
         return chunk.encode(text)
 
 
