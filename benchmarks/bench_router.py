@@ -151,6 +151,10 @@ class Serve:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def metrics_page(self) -> str:
+        """The stack's Prometheus page (the gateway's /metrics: every service's series)."""
+        return httpx.get(f"{self.url}/metrics", timeout=30).text
+
     def wait_ready(self, timeout_s: float = 600) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -397,7 +401,10 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
         for k, streams in enumerate(args.ceiling_streams):
             order = list(args.ceiling_paths)
             order = order[k % len(order) :] + order[: k % len(order)]
-            measured = {p: service_ceiling.measure(targets[p], processes, args, streams, seed=k) for p in order}
+            measured = {
+                p: service_ceiling.measure(targets[p], processes, args, streams, seed=k, page=stack.metrics_page)
+                for p in order
+            }
             rows += [measured[p] for p in args.ceiling_paths]
         if args.profile is not None:
             service_ceiling.profile(targets[args.profile_path], processes, args, args.profile)

@@ -37,12 +37,13 @@ import os
 import random
 import statistics
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.http_stream import HttpConnection
 from turnout.grpc_server import client_channel
@@ -269,6 +270,9 @@ class Measured:
     ttft_ms: float
     # CPU seconds per 1,000 tokens: each service, then the clients together.
     cpu_per_1k: dict[str, float]
+    # Per service, from the stack's page (turnout_gc_pause_seconds) when the run read it: the seconds its
+    # garbage collector held its process over its CPU seconds, and the bound of its longest pause's bucket.
+    gc: dict[str, GcShare] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -277,6 +281,51 @@ class Measured:
     @property
     def requests_per_s(self) -> float:
         return self.requests / self.seconds
+
+
+@dataclass(frozen=True)
+class GcShare:
+    of_cpu: float
+    longest_s: float
+
+
+@dataclass(frozen=True)
+class GcPauses:
+    """turnout_gc_pause_seconds on a page: per service, the seconds summed over generations, and the count
+    under each bucket bound (cumulative, over generations)."""
+
+    seconds: dict[str, float]
+    under: dict[str, dict[float, float]]
+
+    @staticmethod
+    def read(page: str) -> GcPauses:
+        seconds: dict[str, float] = {}
+        under: dict[str, dict[float, float]] = {}
+        for family in text_string_to_metric_families(page):
+            if family.name != "turnout_gc_pause_seconds":
+                continue
+            for sample in family.samples:
+                service = sample.labels["service"]
+                if sample.name.endswith("_sum"):
+                    seconds[service] = seconds.get(service, 0.0) + sample.value
+                elif sample.name.endswith("_bucket"):
+                    bounds = under.setdefault(service, {})
+                    bound = float(sample.labels["le"])
+                    bounds[bound] = bounds.get(bound, 0.0) + sample.value
+        return GcPauses(seconds, under)
+
+    def since(self, before: GcPauses, cpu_s: dict[str, float]) -> dict[str, GcShare]:
+        """Each service's share of `cpu_s` spent collecting since `before`, and its longest pause since (the
+        smallest bound under which every new pause fell)."""
+        out = {}
+        for service, total in self.seconds.items():
+            paused = total - before.seconds.get(service, 0.0)
+            old = before.under.get(service, {})
+            new = {bound: n - old.get(bound, 0.0) for bound, n in self.under.get(service, {}).items()}
+            every = max(new.values(), default=0.0)
+            longest = min((bound for bound, n in new.items() if n >= every), default=0.0) if every else 0.0
+            out[service] = GcShare(paused / cpu_s[service] if cpu_s.get(service) else 0.0, longest)
+        return out
 
 
 @dataclass
@@ -329,7 +378,9 @@ def measure(
     streams: int,
     seed: int,
     requests_per_stream: int | None = None,
+    page: Callable[[], str] | None = None,
 ) -> Measured:
+    """`page`: reads the stack's metrics page, for the services' collector pauses during the run."""
     clients = max(1, min(args.clients, streams))
     context = multiprocessing.get_context("spawn")
     go, out = context.Event(), context.Queue()
@@ -353,6 +404,7 @@ def measure(
     for worker in workers:
         worker.start()
     time.sleep(args.ceiling_settle)  # every client connected and warmed before the clock starts
+    gc_before = GcPauses.read(page()) if page is not None else None
     before = {name: cpu_seconds(p) for name, p in processes.items()}
     go.set()
     results: list[ClientResult] = [out.get(timeout=1800) for _ in workers]
@@ -362,12 +414,19 @@ def measure(
         if isinstance(result, BaseException):
             raise result
     after = {name: cpu_seconds(p) for name, p in processes.items()}
+    gc = {}
+    if page is not None and gc_before is not None:
+        gc = GcPauses.read(page()).since(gc_before, {name: after[name] - before[name] for name in processes})
     tokens = sum(r.tokens for r in results)
     seconds = max(r.last_end for r in results) - min(r.first_start for r in results)
     cpu = {name: (after[name] - before[name]) / tokens * 1000 for name in processes}
     cpu["client"] = sum(r.cpu_s for r in results) / tokens * 1000
     ttft = statistics.median(t for r in results for t in r.ttfts) * 1000
-    return Measured(target.path, streams, tokens, sum(r.requests for r in results), seconds, ttft, cpu)
+    return Measured(target.path, streams, tokens, sum(r.requests for r in results), seconds, ttft, cpu, gc)
+
+
+def _pause(seconds: float) -> str:
+    return "none" if not seconds else f"≤ {seconds * 1e3:g} ms"
 
 
 def table(rows: list[Measured]) -> list[str]:
@@ -381,6 +440,22 @@ def table(rows: list[Measured]) -> list[str]:
         lines.append(
             f"| {m.streams} | {m.path} | {m.tokens_per_s:,.0f} | {m.requests_per_s:.1f} | {m.ttft_ms:.0f} ms | {cpu} |"
         )
+    measured_gc = [m for m in rows if m.gc]
+    if measured_gc:
+        lines += [
+            "",
+            "| streams | path | collector's share of the CPU: "
+            + " | ".join(SERVICES)
+            + " | longest pause: "
+            + " | ".join(SERVICES)
+            + " |",
+            "| --- | --- | " + " | ".join("---" for _ in range(2 * len(SERVICES))) + " |",
+        ]
+        for m in measured_gc:
+            none = GcShare(0.0, 0.0)
+            shares = " | ".join(f"{m.gc.get(n, none).of_cpu:.1%}" for n in SERVICES)
+            longest = " | ".join(_pause(m.gc.get(n, none).longest_s) for n in SERVICES)
+            lines.append(f"| {m.streams} | {m.path} | {shares} | {longest} |")
     return lines
 
 

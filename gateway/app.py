@@ -33,6 +33,7 @@ from gateway.router_client import RouterClient
 from gateway.text_validity import refuse_invalid_text
 from turnout import __version__
 from turnout.grpc_server import client_channel
+from turnout.telemetry.gc_metrics import register_gc_pauses
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -82,6 +83,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     )
     install_handlers(app)
     app.state.metrics = metrics.GatewayMetrics()
+    register_gc_pauses(app.state.metrics.registry, "gateway")
     app.add_middleware(metrics.Observability, metrics=app.state.metrics)
     app.include_router(metrics.router)
     app.include_router(openai_api.router)

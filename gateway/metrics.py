@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from turnout.gateway_replicas import MULTIPROC_DIR_ENV
 from turnout.telemetry import exposition, tracing
+from turnout.telemetry.gc_metrics import register_gc_pauses
 from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from turnout.telemetry.metrics_service import scrape
 from turnout.telemetry.request_context import set_request_id
@@ -214,6 +215,7 @@ def _own_page(metrics: GatewayMetrics) -> str:
         return generate_latest(metrics.registry).decode()
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
+    register_gc_pauses(registry, "gateway")  # the process answering: the collector's pauses are per process
     return generate_latest(registry).decode()
 
 

@@ -1,4 +1,5 @@
-"""Service processes freeze their startup heap once built (turnout/gc_heap.py), and unfreeze it at exit."""
+"""Service processes freeze their startup heap once built and collect their young objects less often
+(turnout/gc_heap.py), and unfreeze the heap at exit."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnout.child_processes import free_port
-from turnout.gc_heap import frozen_heap
+from turnout.gc_heap import YOUNG_COLLECTION_THRESHOLD, frozen_heap
 
 # A gRPC service with nothing but health, served by turnout.grpc_server.serve as every service is; on
-# stop it prints how many objects were frozen.
+# stop it prints how many objects were frozen and its young generation's threshold.
 SERVICE = """
 import asyncio, gc, sys
 from turnout.grpc_server import serve
 
 async def report():
     print("frozen", gc.get_freeze_count(), flush=True)
+    print("threshold", gc.get_threshold()[0], flush=True)
 
 asyncio.run(serve(sys.argv[1], [], on_stop=report, grace_s=0.1))
 """
@@ -63,6 +65,7 @@ def test_a_grpc_service_serves_with_its_startup_heap_frozen() -> None:
     frozen = [int(line.split()[1]) for line in output.splitlines() if line.startswith("frozen ")]
     # grpc, protobuf and asyncio alone are tens of thousands of objects.
     assert frozen and frozen[0] > 10_000, output[-2000:]
+    assert f"threshold {YOUNG_COLLECTION_THRESHOLD}" in output.splitlines()
 
 
 def test_the_heap_is_unfrozen_at_exit() -> None:
@@ -76,6 +79,9 @@ def test_the_heap_is_unfrozen_at_exit() -> None:
 
 def test_a_measurement_freezes_the_heap_until_it_ends() -> None:
     assert gc.get_freeze_count() == 0
+    before = gc.get_threshold()
     with frozen_heap():
         assert gc.get_freeze_count() > 10_000  # pytest and what the tests imported
+        assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before

@@ -1,4 +1,4 @@
-"""Every service's startup heap, kept out of Python's cyclic garbage collector.
+"""Every service's startup heap, kept out of Python's cyclic garbage collector, and how often it collects.
 
 A service builds a large heap once (torch and the model in the engine, transformers in the
 tokenizer, grpc and protobuf in each, FastAPI and pydantic in the gateway) and then, per token,
@@ -15,6 +15,22 @@ becomes cyclic garbage is never collected (reference counting still frees the re
 test process building and dropping many services would accumulate. A benchmark that builds and
 drops several engines in one process measures each the way the service runs it with
 `frozen_heap()`, which unfreezes when the measurement ends.
+
+Once frozen, a service collects its young objects every `YOUNG_COLLECTION_THRESHOLD` allocations (less
+deallocations) of tracked objects, not CPython's 700. Under load a service allocates its objects in bursts
+that live a little while (a step's outputs for 256 requests, their protobuf messages, the coroutines they
+wake): at 700 a collection comes several times a step, finds most of the burst still alive and promotes
+it, so the older generations fill with objects that die soon after and are walked again there; and with
+the startup heap frozen, the permanent generation no longer counts as "long-lived" in CPython's rule for a
+full collection (one runs once the objects promoted since the last are a quarter of those that stayed), so
+full collections came about once a second. At 256 streams through the gateway the collector took 11-13%
+of the engine's, router's and gateway's CPU and 6% of the tokenizer's, with full collections of up to
+134 ms (engine) and 64 ms (gateway); at 20,000, 0-8%, with no full collection in a 20-second run
+(docs/benchmarks.md, "The garbage collector under load"; `turnout_gc_pause_seconds` shows it live,
+turnout/telemetry/gc_metrics.py). TensorRT-LLM raises the same threshold (to 20,000, while it builds a
+step's responses) and lmdeploy raises it too, for the same reason. Reference cycles are still collected,
+only found later; the gateway's request paths make none (tests/gateway/test_reference_cycles.py), nor do
+the router's and tokenizer's under the ceiling benchmark's load.
 """
 
 from __future__ import annotations
@@ -29,6 +45,15 @@ from collections.abc import Iterator
 log = logging.getLogger(__name__)
 _unfreeze_registered = False
 
+# Young collections come after this many allocations less deallocations of tracked objects (CPython: 700);
+# the older generations keep CPython's thresholds (10 and 10 of the next younger's collections). 10,000
+# and 20,000 measured alike within the runs' spread; 20,000 spent a little less (docs/benchmarks.md).
+YOUNG_COLLECTION_THRESHOLD = 20_000
+
+
+def _collect_young_every(threshold: int) -> None:
+    gc.set_threshold(threshold, *gc.get_threshold()[1:])
+
 
 def freeze_startup_heap() -> None:
     """Collect what is garbage now, then freeze everything alive."""
@@ -36,9 +61,14 @@ def freeze_startup_heap() -> None:
     started = time.perf_counter()
     gc.collect()
     gc.freeze()
+    _collect_young_every(YOUNG_COLLECTION_THRESHOLD)
     log.info(
         "startup heap frozen",
-        extra={"objects": gc.get_freeze_count(), "seconds": round(time.perf_counter() - started, 3)},
+        extra={
+            "objects": gc.get_freeze_count(),
+            "seconds": round(time.perf_counter() - started, 3),
+            "young_collection_threshold": YOUNG_COLLECTION_THRESHOLD,
+        },
     )
     if not _unfreeze_registered:
         # At exit the interpreter's last collections see everything again, as if nothing was
@@ -49,11 +79,15 @@ def freeze_startup_heap() -> None:
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
-    """Everything alive on entry frozen until exit, then back in the collector's reach (what became
-    garbage meanwhile is collected at the next collection): a measurement in the service's conditions."""
+    """Everything alive on entry frozen, and young objects collected as a service collects them, until
+    exit; then back in the collector's reach (what became garbage meanwhile is collected at the next
+    collection) with the threshold of before: a measurement in the service's conditions."""
+    before = gc.get_threshold()[0]
     gc.collect()
     gc.freeze()
+    _collect_young_every(YOUNG_COLLECTION_THRESHOLD)
     try:
         yield
     finally:
+        _collect_young_every(before)
         gc.unfreeze()

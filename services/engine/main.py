@@ -61,10 +61,12 @@ async def _serve(config: EngineConfig) -> None:
     from services.engine.service import EngineServicer
     from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
     from turnout.telemetry.engine_metrics import EngineMetrics
+    from turnout.telemetry.gc_metrics import register_gc_pauses
     from turnout.telemetry.metrics_service import RegistryMetrics, metrics_spec
     from turnout.v1 import engine_pb2, engine_pb2_grpc
 
     metrics = EngineMetrics(model_name=config.model_name)
+    register_gc_pauses(metrics.registry, "engine")
     try:
         # Built on the thread that steps it: one OpenMP team in the process (engine_loop.py).
         engine = await asyncio.wrap_future(

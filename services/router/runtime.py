@@ -24,6 +24,7 @@ from services.router.service import InferenceServicer
 from services.router.stack_metrics import StackMetrics
 from services.router.tokenizer_pool import TokenizerPool
 from turnout.grpc_server import ServiceSpec
+from turnout.telemetry.gc_metrics import register_gc_pauses
 from turnout.telemetry.metrics_http import serve_metrics
 from turnout.telemetry.metrics_service import metrics_spec
 from turnout.v1 import inference_pb2, inference_pb2_grpc, router_admin_pb2, router_admin_pb2_grpc
@@ -41,6 +42,7 @@ class RouterRuntime:
         self.request_metrics = RequestMetrics()
         # The router's own series: what --metrics-port serves, and the first part of Metrics.Scrape.
         self.registry = make_registry(self.engines, self.request_metrics.registry)
+        register_gc_pauses(self.registry, "router")
         self.inference = InferenceServicer(
             self.engines, self.tokenizers, self.request_metrics, log_requests=config.enable_log_requests
         )

@@ -59,11 +59,13 @@ async def _serve(config: TokenizerConfig) -> None:
     from services.tokenizer.service import TokenizerServicer
     from services.tokenizer.text_tokenizer import TextTokenizer
     from turnout.grpc_server import MetricsEndpoint, ServiceSpec, serve
+    from turnout.telemetry.gc_metrics import register_gc_pauses
     from turnout.telemetry.metrics_service import RegistryMetrics, metrics_spec
     from turnout.telemetry.rpc_metrics import RpcMetrics
     from turnout.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
     metrics = RpcMetrics("tokenizer")
+    register_gc_pauses(metrics.registry, "tokenizer")
     servicer = TokenizerServicer(
         TextTokenizer(config.tokenizer_folder, config.chat_template),
         reasoning_parser=config.reasoning_parser,

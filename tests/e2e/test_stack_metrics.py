@@ -70,6 +70,9 @@ def test_gateway_page_carries_every_service_under_both_names(tiny_stack: Stack) 
     assert total(after, encoded, tokenizer=tokenizer, method="Encode", code="OK") > total(
         before, encoded, tokenizer=tokenizer, method="Encode", code="OK"
     )
+    # Every service's process shows its garbage collector's pauses, each under its own name.
+    assert labelled(after, "turnout_gc_pause_seconds_count", "service") == {"engine", "tokenizer", "router", "gateway"}
+    assert labelled(after, "turnout_gc_pause_seconds_count", "engine") == {engine}
     # Every service answered.
     up = "turnout_scrape_up"
     assert total(after, up, service="router", address=f"127.0.0.1:{tiny_stack.router_port}") == 1

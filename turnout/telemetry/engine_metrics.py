@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from turnout.telemetry.metrics_http import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
@@ -110,16 +111,20 @@ class SingleWriterHistogram:
         self._counts[bisect_left(self._upper, value)] += 1  # the first bound >= value: `le` holds it
         self._sum += value
 
-    def collect(self) -> Iterator[Metric]:
+    def samples(self) -> Iterator[Sample]:
+        """The histogram's samples (buckets, count, sum, created), for a family of one or of several."""
         counts, total = list(self._counts), self._sum
-        family = Metric(self.name, self._documentation, "histogram")
         cumulative = 0
         for bound, count in zip((*self._upper, float("inf")), counts, strict=True):
             cumulative += count
-            family.add_sample(f"{self.name}_bucket", {"le": floatToGoString(bound)}, cumulative)
-        family.add_sample(f"{self.name}_count", {}, cumulative)
-        family.add_sample(f"{self.name}_sum", {}, total)
-        family.add_sample(f"{self.name}_created", {}, self._created)
+            yield Sample(f"{self.name}_bucket", {"le": floatToGoString(bound)}, cumulative)
+        yield Sample(f"{self.name}_count", {}, cumulative)
+        yield Sample(f"{self.name}_sum", {}, total)
+        yield Sample(f"{self.name}_created", {}, self._created)
+
+    def collect(self) -> Iterator[Metric]:
+        family = Metric(self.name, self._documentation, "histogram")
+        family.samples = list(self.samples())
         yield family
 
 
