@@ -29,10 +29,9 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.bench_engine import engine_requests, make_prompts
+from benchmarks.py_spy import py_spy
 from services.engine.config import EngineConfig
 from services.engine.llm_engine import LLMEngine
-
-PY_SPY_VERSION = "0.4.3"
 
 
 def prefilled_engine(
@@ -112,20 +111,6 @@ def measure(args: argparse.Namespace, requests: int) -> None:
         mixed_ms = timed_steps_ms(engine, args.steps)
         print(f"  decode-only step {decode_ms:.0f} ms; mixed step (+ prefill chunk) {mixed_ms:.0f} ms", end="")
         print(f" = {mixed_ms / decode_ms:.2f}x")
-
-
-def py_spy() -> Path:
-    found = Path(sys.executable).parent / "py-spy"
-    if found.exists():
-        return found
-    from benchmarks import peer_installs
-
-    venv = peer_installs.vllm_venv()
-    if not (venv / "bin" / "py-spy").exists():
-        if not (venv / "bin" / "python").exists():
-            subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", f"py-spy=={PY_SPY_VERSION}"], check=True)
-    return venv / "bin" / "py-spy"
 
 
 def run_py_spy(args: argparse.Namespace, argv: list[str]) -> None:

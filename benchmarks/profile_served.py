@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks.bench_peers import WORKLOADS
 from benchmarks.peer_client import builtin_client
 from benchmarks.peer_servers import turnout_server
-from benchmarks.profile_decode import py_spy
+from benchmarks.py_spy import py_spy
 from turnout.default_model import default_model_dir
 
 SERVICES = ("engine", "router", "tokenizer", "gateway")

@@ -471,12 +471,12 @@ def profile(target: Target, processes: dict[str, ServiceProcesses], args: argpar
     """py-spy every service in turn (--profile-seconds each) while `target` carries the largest load but
     one; print each one's top frames (own time, and time with callees) from the collapsed stacks it
     writes to `out`."""
-    import shutil
     import subprocess
-    import sys
     import threading
 
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    from benchmarks.py_spy import py_spy
+
+    spy = str(py_spy())
     out.mkdir(parents=True, exist_ok=True)
     streams = sorted(args.ceiling_streams)[-2] if len(args.ceiling_streams) > 1 else args.ceiling_streams[0]
     done: list[Measured] = []
