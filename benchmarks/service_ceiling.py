@@ -285,6 +285,9 @@ class Measured:
 
 @dataclass(frozen=True)
 class GcShare:
+    """One service's collections during a run: their seconds over its CPU seconds, and the bucket bound of
+    the longest (0.0: none)."""
+
     of_cpu: float
     longest_s: float
 
