@@ -417,15 +417,15 @@ def measure(
         if isinstance(result, BaseException):
             raise result
     after = {name: cpu_seconds(p) for name, p in processes.items()}
-    gc = {}
-    if page is not None and gc_before is not None:
-        gc = GcPauses.read(page()).since(gc_before, {name: after[name] - before[name] for name in processes})
+    collector: dict[str, GcShare] = {}
+    if page is not None and gc_before is not None:  # (both or neither: the second for the type checker)
+        collector = GcPauses.read(page()).since(gc_before, {name: after[name] - before[name] for name in processes})
     tokens = sum(r.tokens for r in results)
     seconds = max(r.last_end for r in results) - min(r.first_start for r in results)
     cpu = {name: (after[name] - before[name]) / tokens * 1000 for name in processes}
     cpu["client"] = sum(r.cpu_s for r in results) / tokens * 1000
     ttft = statistics.median(t for r in results for t in r.ttfts) * 1000
-    return Measured(target.path, streams, tokens, sum(r.requests for r in results), seconds, ttft, cpu, gc)
+    return Measured(target.path, streams, tokens, sum(r.requests for r in results), seconds, ttft, cpu, collector)
 
 
 def _pause(seconds: float) -> str:

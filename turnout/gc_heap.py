@@ -56,7 +56,8 @@ def _collect_young_every(threshold: int) -> None:
 
 
 def freeze_startup_heap() -> None:
-    """Collect what is garbage now, then freeze everything alive."""
+    """Collect what is garbage now, freeze everything alive, and from now on collect young objects every
+    YOUNG_COLLECTION_THRESHOLD allocations."""
     global _unfreeze_registered
     started = time.perf_counter()
     gc.collect()
