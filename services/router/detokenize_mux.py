@@ -5,17 +5,18 @@ exchanges of every sample that become due while the router works go out as one m
 tokenizer's answers to all of them come back as one: a write and a read per batch of samples instead of
 per sample.
 
-`DetokenizeMux.open()` gives a `CarriedDetokenize` for one sample, whose `exchange()` is what a write
-and a read on its own call were (one answer per message; the tokenizer's refusal raised as the
-`aio.AioRpcError` its call would have ended with). When the carrier breaks (the tokenizer died or
-restarted), every exchange on it fails with the carrier's status, as their own calls would have,
-and the next sample opens a new carrier.
+`DetokenizeMux.open()` gives a `CarriedDetokenize` for one sample, whose `exchange()` and
+`exchange_tokens()` are what a write and a read on its own call were (one answer per message; the
+tokenizer's refusal raised as the `aio.AioRpcError` its call would have ended with). When the carrier
+breaks (the tokenizer died or restarted), every exchange on it fails with the carrier's status, as their
+own calls would have, and the next sample opens a new carrier.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from grpc import aio
 
@@ -33,8 +34,23 @@ class CarriedDetokenize:
         self._id = stream_id
 
     async def exchange(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
-        """Send one message and return its answer."""
-        return await self._carrier.exchange(self._id, request)
+        """Send one message (copied into the carrier's next one) and return its answer."""
+        item, answer = self._carrier.item(self._id)
+        item.request.CopyFrom(request)
+        return await self._carrier.answer(self._id, answer)
+
+    async def exchange_tokens(
+        self, token_ids: Iterable[int], *, last: bool = False, step_sizes: Iterable[int] = ()
+    ) -> tokenizer_pb2.DetokenizeResponse:
+        """Send one step's tokens (several steps' with `step_sizes`) and return the answer. The message is
+        written in place in the carrier's next one: it is the router's most frequent (one per step of every
+        sample), and building it apart and copying it in took 4.2 us against 1.9."""
+        item, answer = self._carrier.item(self._id)
+        tokens = item.request.tokens
+        tokens.token_ids.extend(token_ids)
+        tokens.step_sizes.extend(step_sizes)
+        tokens.last = last
+        return await self._carrier.answer(self._id, answer)
 
     def close(self) -> None:
         """Nothing more is needed of this stream (the tokenizer drops it). Only the first close of a stream
@@ -53,16 +69,22 @@ class _Carrier(AnsweredCall[tokenizer_pb2.DetokenizeStreamRequest, tokenizer_pb2
             forget, stub.DetokenizeStream, tokenizer_pb2.DetokenizeStreamRequest, "the tokenizer's DetokenizeStream"
         )
 
-    async def exchange(
-        self, stream_id: int, request: tokenizer_pb2.DetokenizeRequest
-    ) -> tokenizer_pb2.DetokenizeResponse:
+    def item(
+        self, stream_id: int
+    ) -> tuple[tokenizer_pb2.DetokenizeStreamItem, asyncio.Future[tokenizer_pb2.DetokenizeResponse]]:
+        """The next message's item for `stream_id`, for its caller to fill in before it awaits `answer`
+        (the item goes out after one turn of the loop), and the future of its answer."""
         if self.error is not None:
             raise self.error
         answer = self.expect(stream_id)
         item = self.outgoing.items.add()
         item.stream_id = stream_id
-        item.request.CopyFrom(request)
         self.due()
+        return item, answer
+
+    async def answer(
+        self, stream_id: int, answer: asyncio.Future[tokenizer_pb2.DetokenizeResponse]
+    ) -> tokenizer_pb2.DetokenizeResponse:
         try:
             return await answer
         finally:

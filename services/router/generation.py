@@ -389,9 +389,9 @@ class _Samples:
             return
         text = self._text(index)
         if len(chunks) == 1:
-            texts = [await text.push(list(chunks[0].token_ids), last=False)]
+            texts = [await text.push(chunks[0].token_ids, last=False)]
         else:
-            texts = await text.push_steps([list(c.token_ids) for c in chunks])
+            texts = await text.push_steps([c.token_ids for c in chunks])
         for chunk, step in zip(chunks, texts, strict=False):  # the answers stop at a matched stop
             matched = _matched(step)
             last = matched is not None

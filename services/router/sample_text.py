@@ -13,6 +13,7 @@ DetokenizeStream (detokenize_mux.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Sequence
 
 from services.router.detokenize_mux import DetokenizeMux
 from turnout.carried_streams import current_trace_context
@@ -33,29 +34,24 @@ class SampleText:
             start = tokenizer_pb2.DetokenizeRequest(start=self._start)
             # The carrier's metadata is not this request's: the trace context rides in the start.
             start.start.trace_context.update(current_trace_context())
-            self._verdict = asyncio.ensure_future(self._exchange(start))
+            self._verdict = asyncio.ensure_future(self._stream.exchange(start))
         return self._verdict
 
-    async def push(self, token_ids: list[int], *, last: bool) -> tokenizer_pb2.DetokenizeResponse:
+    async def push(self, token_ids: Iterable[int], *, last: bool) -> tokenizer_pb2.DetokenizeResponse:
         """Every push is answered by exactly one response, so text stays aligned with its tokens."""
         await self.open()
-        chunk = tokenizer_pb2.DetokenizeTokens(token_ids=token_ids, last=last)
-        return await self._exchange(tokenizer_pb2.DetokenizeRequest(tokens=chunk))
+        return await self._stream.exchange_tokens(token_ids, last=last)
 
-    async def push_steps(self, steps: list[list[int]]) -> list[tokenizer_pb2.DetokenizeResponse]:
+    async def push_steps(self, steps: Sequence[Sequence[int]]) -> list[tokenizer_pb2.DetokenizeResponse]:
         """Several engine steps' tokens in one message (none of them the last): each step's answer, as a
         push of it alone would have been, up to the step where a stop matched."""
         await self.open()
-        chunk = tokenizer_pb2.DetokenizeTokens(
-            token_ids=[t for step in steps for t in step], step_sizes=[len(step) for step in steps]
+        answer = await self._stream.exchange_tokens(
+            [t for step in steps for t in step], step_sizes=[len(step) for step in steps]
         )
-        answer = await self._exchange(tokenizer_pb2.DetokenizeRequest(tokens=chunk))
         if not 0 < len(answer.steps) <= len(steps):
             raise Unavailable(f"the tokenizer answered {len(answer.steps)} steps for {len(steps)}")
         return list(answer.steps)
-
-    async def _exchange(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
-        return await self._stream.exchange(request)
 
     def cancel(self) -> None:
         # A verdict still coming is left to come: the request may yet need it (a refusal wins over an

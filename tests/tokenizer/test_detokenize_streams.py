@@ -104,6 +104,33 @@ async def test_carried_streams_answer_as_their_own_calls_and_share_messages(
     await mux.close()
 
 
+async def test_tokens_written_in_place_are_answered_as_the_message_built_apart(
+    tokenizer: _Tokenizer, text_tokenizer: TextTokenizer
+) -> None:
+    ids = ids_of(text_tokenizer, TEXT)
+    steps = [ids[:3], ids[3:4], ids[4:-1]]
+    sizes = [len(step) for step in steps]
+    mux = DetokenizeMux(tokenizer.stub)
+    apart, in_place = mux.open(), mux.open()
+    start = tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart(stop=["lazy"]))
+    for stream in (apart, in_place):
+        await stream.exchange(start)
+    # Several steps in one message, then the last token alone.
+    several = tokenizer_pb2.DetokenizeTokens(token_ids=ids[:-1], step_sizes=sizes)
+    expected = await apart.exchange(tokenizer_pb2.DetokenizeRequest(tokens=several))
+    got = await in_place.exchange_tokens(ids[:-1], step_sizes=sizes)
+    assert got == expected
+    assert len(got.steps) == 3 and got.steps[2].matched_stop == "lazy"  # the answers stop where it matched
+    plain = mux.open(), mux.open()
+    for stream in plain:
+        await stream.exchange(tokenizer_pb2.DetokenizeRequest(start=tokenizer_pb2.DetokenizeStart()))
+    last = tokenizer_pb2.DetokenizeTokens(token_ids=ids, last=True)
+    expected = await plain[0].exchange(tokenizer_pb2.DetokenizeRequest(tokens=last))
+    assert await plain[1].exchange_tokens(ids, last=True) == expected
+    assert expected.text == TEXT
+    await mux.close()
+
+
 async def test_a_stream_ends_with_the_answer_that_ends_its_sequence_and_needs_no_close(
     tokenizer: _Tokenizer, text_tokenizer: TextTokenizer
 ) -> None:
