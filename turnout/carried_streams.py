@@ -229,6 +229,10 @@ class _Item(Protocol):
     def ByteSize(self) -> int: ...
 
 
+def _copy(target: Any, response: Any) -> None:
+    target.CopyFrom(response)
+
+
 class ResponseStreams(Carrier[Request, Batch]):
     """A carrier whose carried streams are each one server-streaming handler's responses, named by the
     caller's key (`key_field` of each answer): `start` runs one, `stop` cancels one as a cancelled call
@@ -247,8 +251,14 @@ class ResponseStreams(Carrier[Request, Batch]):
         method: str,
         key_field: str,
         key_name: str,
+        write: Callable[[Any, Any], None] | None = None,
     ) -> None:
+        """`write(target, response)` puts one of a handler's responses in the next message (`target`: its
+        item's empty response). A copy, unless the handler yields what its responses are made of and
+        `write` builds them there: one response per step of every stream, and a copy costs about what
+        building the response did."""
         super().__init__(server, new_batch)
+        self._write = write or _copy
         self._service = service
         self._method = method  # each carried stream is traced and reported as this call
         self._key_field = key_field
@@ -319,7 +329,7 @@ class ResponseStreams(Carrier[Request, Batch]):
         try:
             with carried_span(self._service, self._method, trace_context):
                 async for response in responses():
-                    self._pending_item(key).response.CopyFrom(response)
+                    self._write(self._pending_item(key).response, response)
                     self.wake()
         except asyncio.CancelledError:
             raise  # stopped, or the carrier is closing: nobody waits for an end

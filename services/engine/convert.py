@@ -121,9 +121,15 @@ def hidden_states_to_proto(rows: list[list[float]]) -> list[common_pb2.HiddenSta
 
 
 def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
-    """Filled in place, the lists only when not empty: most outputs are one token and nothing else, and
-    building a sub-message and its empty lists to copy them in cost twice as much as the rest."""
     response = engine_pb2.EngineGenerateResponse()
+    output_into(response, output)
+    return response
+
+
+def output_into(response: engine_pb2.EngineGenerateResponse, output: EngineOutput) -> None:
+    """`output` written into `response` (empty), in place, the lists only when not empty: most outputs are
+    one token and nothing else, and building a sub-message and its empty lists to copy them in cost twice
+    as much as the rest."""
     if output.finish is None:
         chunk = response.chunk
         chunk.index = output.index
@@ -132,7 +138,7 @@ def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
         chunk.completion_tokens = output.completion_tokens
         chunk.cached_tokens = output.cached_tokens
         _add_lists(chunk, output)
-        return response
+        return
     complete = response.complete
     complete.index = output.index
     complete.token_ids.extend(output.token_ids)
@@ -145,7 +151,6 @@ def output_to_proto(output: EngineOutput) -> engine_pb2.EngineGenerateResponse:
     if output.embedding:
         complete.embedding.extend(output.embedding)
     _add_lists(complete, output)
-    return response
 
 
 def _add_lists(message: engine_pb2.EngineChunk | engine_pb2.EngineComplete, output: EngineOutput) -> None:
@@ -158,11 +163,17 @@ def _add_lists(message: engine_pb2.EngineChunk | engine_pb2.EngineComplete, outp
 
 
 def outputs_to_proto(outputs: list[EngineOutput]) -> engine_pb2.EngineGenerateResponse:
-    """One message for a batch of outputs: the first, followed by the rest in `batch` (engine.proto)."""
-    first = output_to_proto(outputs[0])
-    if len(outputs) > 1:
-        first.batch.extend(output_to_proto(output) for output in outputs[1:])
-    return first
+    response = engine_pb2.EngineGenerateResponse()
+    outputs_into(response, outputs)
+    return response
+
+
+def outputs_into(response: engine_pb2.EngineGenerateResponse, outputs: list[EngineOutput]) -> None:
+    """One message for a batch of outputs, written into `response` (empty): the first, followed by the rest
+    in `batch` (engine.proto), each built where it goes."""
+    output_into(response, outputs[0])
+    for output in outputs[1:]:
+        output_into(response.batch.add(), output)
 
 
 def load_to_proto(report: LoadReport) -> engine_pb2.Load:

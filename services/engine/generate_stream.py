@@ -19,23 +19,30 @@ its SERVER span is opened here, named as the Generate call's would be.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from turnout.carried_streams import CarrierServer, ResponseStreams
 from turnout.v1 import engine_pb2
 
-Generate = Callable[[engine_pb2.EngineGenerateRequest], AsyncIterator[engine_pb2.EngineGenerateResponse]]
+# A request's responses, or what they are made of when `write` builds them (GenerateStreams).
+Generate = Callable[[engine_pb2.EngineGenerateRequest], AsyncIterator[Any]]
 
 # Each request is traced and reported as its own Generate call would be.
 _METHOD = "turnout.v1.Engine/Generate"
 
 
 class GenerateStreams(CarrierServer):
-    """Serves GenerateStream calls with a servicer's per-request `generate`."""
+    """Serves GenerateStream calls with a servicer's per-request `generate`. `write(target, item)` puts
+    each item it yields in the stream's next message, as the response it stands for (`target`: empty);
+    by default the items are the responses, copied."""
 
-    def __init__(self, generate: Generate, service: str = "engine") -> None:
+    def __init__(
+        self, generate: Generate, service: str = "engine", write: Callable[[Any, Any], None] | None = None
+    ) -> None:
         super().__init__()
         self._generate = generate
         self._service = service
+        self._write = write
 
     async def serve(
         self, commands: AsyncIterator[engine_pb2.EngineStreamCommands]
@@ -55,6 +62,7 @@ class _Stream(ResponseStreams[engine_pb2.EngineStreamCommands, engine_pb2.Engine
             method=_METHOD,
             key_field="request_id",
             key_name="request id",
+            write=owner._write,
         )
         self._owner = owner
 

@@ -9,7 +9,7 @@ from grpc import aio
 from opentelemetry import trace
 
 from services.engine.config import EngineConfig
-from services.engine.convert import load_to_proto, outputs_to_proto, request_from_proto
+from services.engine.convert import load_to_proto, outputs_into, outputs_to_proto, request_from_proto
 from services.engine.engine_loop import EngineLoop
 from services.engine.generate_stream import GenerateStreams
 from services.engine.model_loader import LoadedModel
@@ -26,7 +26,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._loaded = loaded
         self._engine = engine
         self._config = config
-        self._streams = GenerateStreams(self._generate)
+        # Carried, a request's outputs are written straight into the stream's next message.
+        self._streams = GenerateStreams(self._outputs, write=outputs_into)
 
     def drain(self) -> None:
         """The server is stopping: GenerateStream calls take no new requests and end once idle."""
@@ -35,8 +36,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(
         self, request: engine_pb2.EngineGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
-        async for response in self._generate(request):
-            yield response
+        async for outputs in self._outputs(request):
+            yield outputs_to_proto(outputs)
 
     async def GenerateStream(
         self, commands: AsyncIterator[engine_pb2.EngineStreamCommands], context: aio.ServicerContext
@@ -44,10 +45,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         async for outputs in self._streams.serve(commands):
             yield outputs
 
-    async def _generate(
-        self, request: engine_pb2.EngineGenerateRequest
-    ) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
-        """One request's responses, whether it came as a Generate call or over GenerateStream."""
+    async def _outputs(self, request: engine_pb2.EngineGenerateRequest) -> AsyncIterator[list[EngineOutput]]:
+        """One request's outputs, a response's worth at a time, whether it came as a Generate call or over
+        GenerateStream."""
         # Logs and traces show the caller's id; `request_id` (unique) is the engine's key.
         shown_id = request.external_request_id or request.request_id
         set_request_id(shown_id)
@@ -70,7 +70,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         try:
             async for outputs in self._engine.generate_batches(engine_request, priority, timeline):
                 last = outputs[-1]
-                yield outputs_to_proto(outputs)
+                yield outputs
         finally:
             _annotate_span(shown_id, timeline, last)
 
