@@ -63,8 +63,20 @@ class _Progress:
     num_samples: int
     ended: set[int] = field(default_factory=set)
     last_chunks: dict[int, engine_pb2.EngineChunk] = field(default_factory=dict)
+    # One sample: the last message with a chunk (its last part is the sample's last chunk), looked into
+    # only when the request is aborted. Every engine message of every request is observed, and going
+    # through each of its parts cost 0.75 us a part.
+    _latest: engine_pb2.EngineGenerateResponse | None = None
 
     def observe(self, response: engine_pb2.EngineGenerateResponse) -> None:
+        if self.num_samples == 1:
+            # A sample's Complete is its last output: the last part of the last message.
+            last = response.batch[-1] if response.batch else response
+            if last.WhichOneof("kind") == "complete":
+                self.ended.add(0)
+            else:
+                self._latest = response
+            return
         for part in (response, *response.batch) if response.batch else (response,):
             if part.WhichOneof("kind") == "chunk":
                 self.last_chunks[part.chunk.index] = part.chunk
@@ -87,6 +99,9 @@ class _Progress:
         ]
 
     def _usage(self, index: int) -> common_pb2.Usage | None:
+        if self._latest is not None:
+            last = self._latest.batch[-1] if self._latest.batch else self._latest
+            self.last_chunks[0] = last.chunk
         c = self.last_chunks.get(index)
         if c is None:
             return None

@@ -117,6 +117,20 @@ async def test_failure_after_output_ends_every_sample_with_an_abort(make_cluster
     assert sum(cluster.by_engine()) == 1  # not retried: output had been sent
 
 
+@pytest.mark.parametrize(("n", "steps_per_message"), [(1, 1), (1, 2), (2, 1), (2, 2)])
+async def test_an_abort_after_output_counts_the_tokens_each_sample_had(
+    make_cluster: Make, n: int, steps_per_message: int
+) -> None:
+    cluster = await make_cluster(1)
+    engine = cluster.engines[0]
+    engine.tokens, engine.fail_after, engine.steps_per_message = 6, 3, steps_per_message
+    responses = await cluster.generate("pq", n=n)
+    completes = [r.complete for r in responses if r.WhichOneof("kind") == "complete"]
+    assert [c.finish_reason.WhichOneof("kind") for c in completes] == ["abort"] * n
+    sent = 3 // steps_per_message * steps_per_message  # the engine breaks before the message with token 3
+    assert [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in completes] == [(2, sent)] * n
+
+
 async def test_the_engines_own_refusal_is_not_retried(make_cluster: Make) -> None:
     cluster = await make_cluster(3)
     for engine in cluster.engines:
