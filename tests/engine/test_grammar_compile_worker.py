@@ -128,15 +128,17 @@ def alive(pid: int) -> bool:
 
 
 def _new_workers(before: set[int]) -> list[int]:
-    """Processes started by multiprocessing's spawn since `before` (its resource tracker is not one), alive."""
+    """Processes started by multiprocessing's spawn since `before` (its resource tracker is not one), alive.
+    A process whose command line is still empty counts: `Process.start()` returns once the child's exec
+    has closed its inherited descriptors, and the kernel sets the new command line a moment later, so a
+    worker read at once may show none on a busy machine."""
     found = []
     for child in psutil.Process().children():
         try:
-            if (
-                child.pid not in before
-                and child.status() != psutil.STATUS_ZOMBIE
-                and "spawn_main" in " ".join(child.cmdline())
-            ):
+            if child.pid in before or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            command = child.cmdline()
+            if not command or "spawn_main" in " ".join(command):
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             continue
