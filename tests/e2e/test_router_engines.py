@@ -10,6 +10,7 @@ shared by the module. The kill test runs last: it SIGKILLs engine 2 and restarts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -236,12 +237,23 @@ async def test_cancellation_through_the_router_frees_the_engine(
 ) -> None:
     router = start_router("--policy", "least_load")
     await wait_for(all_routable(router))
-    async with client_channel(router.address, ADMIN) as channel:
-        call = inference_pb2_grpc.InferenceStub(channel).Generate(request(prompt(random.Random(4)), 3000))
-        for _ in range(5):
-            await call.read()
-        assert sum(engine_load(e).running_requests for e in backends.engines) == 1
-        call.cancel()
+    with contextlib.ExitStack() as opened:
+        # Connected before the request starts: on a fast engine the request is over in ~2 s (the tiny
+        # model's context caps it near 2,000 tokens), and a new channel per look could take that long
+        # on a busy machine, so the look would find it finished.
+        engines = [
+            engine_pb2_grpc.EngineStub(opened.enter_context(sync_channel(e.address, ADMIN, [])))
+            for e in backends.engines
+        ]
+        for engine in engines:
+            engine.GetLoad(engine_pb2.GetLoadRequest(), timeout=5)
+        async with client_channel(router.address, ADMIN) as channel:
+            call = inference_pb2_grpc.InferenceStub(channel).Generate(request(prompt(random.Random(4)), 3000))
+            for _ in range(5):
+                await call.read()
+            loads = [engine.GetLoad(engine_pb2.GetLoadRequest(), timeout=5) for engine in engines]
+            assert sum(load.running_requests for load in loads) == 1, loads
+            call.cancel()
     await wait_for(engines_idle(backends.engines), 10)
     assert [s.in_flight for s in (await router.statuses()).values()] == [0, 0, 0]
 
