@@ -71,8 +71,7 @@ class _Progress:
     def observe(self, response: engine_pb2.EngineGenerateResponse) -> None:
         if self.num_samples == 1:
             # A sample's Complete is its last output: the last part of the last message.
-            last = response.batch[-1] if response.batch else response
-            if last.WhichOneof("kind") == "complete":
+            if _last_part(response).WhichOneof("kind") == "complete":
                 self.ended.add(0)
             else:
                 self._latest = response
@@ -99,15 +98,16 @@ class _Progress:
         ]
 
     def _usage(self, index: int) -> common_pb2.Usage | None:
-        if self._latest is not None:
-            last = self._latest.batch[-1] if self._latest.batch else self._latest
-            self.last_chunks[0] = last.chunk
-        c = self.last_chunks.get(index)
+        c = _last_part(self._latest).chunk if self._latest is not None else self.last_chunks.get(index)
         if c is None:
             return None
         return common_pb2.Usage(
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens
         )
+
+
+def _last_part(response: engine_pb2.EngineGenerateResponse) -> engine_pb2.EngineGenerateResponse:
+    return response.batch[-1] if response.batch else response
 
 
 class EngineStream:
