@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> None:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.uvicorn_server import GatewayServer
 
     setup_observability("gateway", args)
     try:
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
         ssl_certfile=str(tls.certfile) if https and tls is not None else None,
         ssl_keyfile=str(tls.keyfile) if https and tls is not None else None,
     )
-    server = uvicorn.Server(uvicorn_config)
+    server = GatewayServer(uvicorn_config)
     sockets: list[socket.socket] | None = None
     shared = os.environ.pop(SHARED_SOCKET_ENV, None)
     if shared is not None:
