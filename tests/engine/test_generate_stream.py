@@ -176,8 +176,10 @@ async def test_outputs_past_the_message_budget_are_split_and_an_oversized_one_en
     engine: EngineLoop, loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     servicer = EngineServicer(loaded, engine, engine.engine.config)
-    # A budget a few one-token items fit in, and which one prompt's hidden states do not.
-    monkeypatch.setattr(carried_streams, "MESSAGE_BUDGET", 100)
+    # A budget that one step's one-token items of every request together pass (16 x 32 bytes), that one
+    # request's whole output fits in even when its reader lagged for all of it and got it as one item
+    # (8 outputs: ~150 bytes), and that one prompt's hidden states do not (~3 KB).
+    monkeypatch.setattr(carried_streams, "MESSAGE_BUDGET", 400)
     parts: list[int] = []  # messages each write was split into
     split = carried_streams.ResponseStreams.split
 
@@ -188,19 +190,20 @@ async def test_outputs_past_the_message_budget_are_split_and_an_oversized_one_en
 
     monkeypatch.setattr(carried_streams.ResponseStreams, "split", counted)
     caller = _Caller(servicer)
-    for name in ("a", "b", "c", "d"):
-        caller.send(generate=_request(name, 30))
-    big_request = _request("big", 30)
-    big_request.return_hidden_states = True  # 11 prompt positions of 64 floats: ~3 KB in its first output
+    names = [f"r{i:02}" for i in range(16)]
+    for name in names:
+        caller.send(generate=_request(name, 8))
+    big_request = _request("big", 8)
+    big_request.return_hidden_states = True  # 11 prompt positions of 64 floats in its first output
     caller.send(generate=big_request)
-    for name in ("a", "b", "c", "d"):
+    for name in names:
         assert (await caller.ended(name)).code == 0
         responses = [item.response for item in caller.by_request[name][:-1]]
-        assert len(_tokens(responses)) == 30  # every output arrived
+        assert len(_tokens(responses)) == 8  # every output arrived
     big = await caller.ended("big")
     assert big.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and "bytes a message may carry" in big.details
-    # Every message within the budget, but the one that ends "big" (its reason is longer than 100 bytes).
-    assert all(m.ByteSize() <= 100 for m in caller.messages if m.items[0].request_id != "big")
+    # Every message within the budget, but the one that ends "big".
+    assert all(m.ByteSize() <= 400 for m in caller.messages if m.items[0].request_id != "big")
     assert max(parts) > 1  # some write was split
     caller.close()
     await asyncio.wait_for(caller.task, 30)
