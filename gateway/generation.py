@@ -25,6 +25,7 @@ from starlette.requests import Request
 from gateway import metrics
 from gateway.disconnect import DisconnectWatch
 from gateway.errors import ClientDisconnected, GenerationAborted, HTTPError
+from gateway.growing_text import GrowingText
 from turnout.generate_carrier import CarriedGenerate
 from turnout.v1 import common_pb2, inference_pb2
 
@@ -42,7 +43,11 @@ class ToolCall:
 
     id: str
     name: str
-    arguments: str = ""
+    arguments_so_far: GrowingText = field(default_factory=GrowingText)
+
+    @property
+    def arguments(self) -> str:
+        return self.arguments_so_far.value()
 
 
 @dataclass
@@ -54,7 +59,7 @@ class Sample:
     # Index among the samples of its prompt (the router's GenerateChunk.index).
     local_index: int
     started: float
-    text: str = ""
+    text_so_far: GrowingText = field(default_factory=GrowingText)
     token_ids: list[int] = field(default_factory=list)
     # The prompt's token ids, when the request asked for them (vLLM return_token_ids).
     prompt_token_ids: list[int] = field(default_factory=list)
@@ -66,7 +71,7 @@ class Sample:
     completion_tokens: int = 0
     cached_tokens: int = 0
     # Separated thinking text, the tool calls read from the output, and the tokens spent thinking.
-    reasoning_text: str = ""
+    reasoning_so_far: GrowingText = field(default_factory=GrowingText)
     tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning_tokens: int = 0
     finish_reason: common_pb2.FinishReason | None = None
@@ -75,6 +80,14 @@ class Sample:
     embedding: list[float] = field(default_factory=list)
     # With return_hidden_states: one row per computed position (the prompt's, then each decode step's input).
     hidden_states: list[list[float]] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return self.text_so_far.value()
+
+    @property
+    def reasoning_text(self) -> str:
+        return self.reasoning_so_far.value()
 
     @property
     def latency_s(self) -> float:
@@ -258,7 +271,7 @@ class Generation:
                 if len(logprobs) != len(token_ids):
                     raise HTTPError(502, f"the router sent {len(logprobs)} logprobs for {len(token_ids)} tokens")
                 sample.logprobs.extend(logprobs)
-            sample.text += text
+            sample.text_so_far.add(text)
             sample.token_ids.extend(token_ids)
             if chunk.hidden_states:
                 sample.hidden_states += [list(row.values) for row in chunk.hidden_states]
@@ -266,7 +279,7 @@ class Generation:
             sample.completion_tokens = chunk.completion_tokens
             sample.cached_tokens = chunk.cached_tokens
             if reasoning_text:
-                sample.reasoning_text += reasoning_text
+                sample.reasoning_so_far.add(reasoning_text)
             sample.reasoning_tokens = chunk.reasoning_tokens
             for delta in tool_calls:
                 _add_tool_call_delta(sample, delta)
@@ -307,7 +320,7 @@ def _add_tool_call_delta(sample: Sample, delta: common_pb2.ToolCallDelta) -> Non
     elif delta.index > len(calls):
         message = f"the router sent tool call {delta.index} of sample {sample.index} before call {len(calls)}"
         raise HTTPError(502, message)
-    calls[delta.index].arguments += delta.arguments
+    calls[delta.index].arguments_so_far.add(delta.arguments)
 
 
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import copy
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import HTTPError
 from gateway.generation import Event, Sample
+from gateway.growing_text import GrowingText
 from turnout.v1 import common_pb2
 
 
@@ -40,11 +41,15 @@ class _Item:
     kind: str  # "reasoning", "message" or "function_call"
     id: str
     output_index: int
-    # The reasoning text, the message text, or the call's arguments.
-    text: str = ""
     call_id: str = ""
     name: str = ""
     status: str = "in_progress"
+    # The reasoning text, the message text, or the call's arguments.
+    text_so_far: GrowingText = field(default_factory=GrowingText)
+
+    @property
+    def text(self) -> str:
+        return self.text_so_far.value()
 
     def part(self) -> dict[str, Any]:
         """The item's one content part (reasoning and message items)."""
@@ -186,7 +191,7 @@ class ResponseBuilder:
         if item is None or item.kind != kind:
             item = _Item(kind, new_id("rs" if kind == "reasoning" else "msg"), len(self._items))
             out += self._opened(item)
-        item.text += text
+        item.text_so_far.add(text)
         delta = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
         extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
         out.append(self._event(delta, **self._where(item), content_index=0, delta=text, **extra))
@@ -202,7 +207,7 @@ class ResponseBuilder:
         elif item is not self._open:
             raise HTTPError(502, f"the router sent arguments of tool call {delta.index} after a later output began")
         if delta.arguments:
-            item.text += delta.arguments
+            item.text_so_far.add(delta.arguments)
             where = self._where(item)
             out.append(self._event("response.function_call_arguments.delta", **where, delta=delta.arguments))
         return out
