@@ -25,12 +25,22 @@ the startup heap frozen, the permanent generation no longer counts as "long-live
 full collection (one runs once the objects promoted since the last are a quarter of those that stayed), so
 full collections came about once a second. At 256 streams through the gateway the collector took 11-13%
 of the engine's, router's and gateway's CPU and 6% of the tokenizer's, with full collections of up to
-134 ms (engine) and 64 ms (gateway); at 20,000, 0-8%, with no full collection in a 20-second run
-(docs/benchmarks.md, "The garbage collector under load"; `turnout_gc_pause_seconds` shows it live,
-turnout/telemetry/gc_metrics.py). TensorRT-LLM raises the same threshold (to 20,000, while it builds a
-step's responses) and lmdeploy raises it too, for the same reason. Reference cycles are still collected,
-only found later; the gateway's request paths make none (tests/gateway/test_reference_cycles.py), nor do
-the router's and tokenizer's under the ceiling benchmark's load.
+134 ms (engine) and 64 ms (gateway) (docs/benchmarks.md, "The garbage collector under load";
+`turnout_gc_pause_seconds` shows it live, turnout/telemetry/gc_metrics.py).
+
+Why young collections still came about once a second at 20,000 while the live set stayed level: a
+collection resets the count to 0, and a deallocation lowers it only while it is above 0 (CPython 3.11), so
+the count is a random walk that drops every step below zero, and bursts of allocations and frees push it
+up. The higher the threshold, the rarer it is reached, by far more than the ratio of thresholds: at 256
+streams through the gateway, every ~0.8 s at 20,000, every ~9 s at 50,000, once in 165 s at 100,000. And a
+young collection of the router or gateway under that load is not cheap: 19,000-33,000 young objects hold
+110,000-170,000 references into a heap that is not in the cache, 7-26 ms of CPU a collection. Router and
+gateway over a minute of that load (docs/benchmarks.md, "Fewer young collections"): 20,000 cost 2.5 s of
+CPU, the longest collection 42-50 ms; 50,000 cost 0.45 s, the longest 44-46 ms; 100,000's one collection
+took 125 ms (everything allocated since the last one and still alive, walked at once). So 50,000: a fifth
+of the CPU for the same longest pause. TensorRT-LLM (20,000) and lmdeploy raise the threshold for the same
+reason. Reference cycles are still collected, only found later; the gateway's request paths make none
+(tests/gateway/test_reference_cycles.py), the router about one object a second under that load.
 """
 
 from __future__ import annotations
@@ -46,9 +56,9 @@ log = logging.getLogger(__name__)
 _unfreeze_registered = False
 
 # Young collections come after this many allocations less deallocations of tracked objects (CPython: 700);
-# the older generations keep CPython's thresholds (10 and 10 of the next younger's collections). 10,000
-# and 20,000 measured alike within the runs' spread; 20,000 spent a little less (docs/benchmarks.md).
-YOUNG_COLLECTION_THRESHOLD = 20_000
+# the older generations keep CPython's thresholds (10 and 10 of the next younger's collections). Against
+# 20,000: a fifth of the collector's CPU in the router and gateway, the same longest pause (above).
+YOUNG_COLLECTION_THRESHOLD = 50_000
 
 
 def _collect_young_every(threshold: int) -> None:
