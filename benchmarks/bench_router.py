@@ -16,7 +16,8 @@
    machine's drift does not decide.
 
 Each configuration is a real `turnout serve --engines N` stack on loopback; "direct"
-calls its first engine while the router sits idle.
+calls its first engine while the router sits idle. `--serve-flag` hands that command more flags,
+for an A/B of a setting run by run (`--serve-flag=--dtype=bfloat16`).
 
     python -m benchmarks.bench_router [--model PATH] [--concurrency 64] [--output-len 64]
     python -m benchmarks.bench_router --ceiling [--ceiling-streams 64 256 1024] [--profile DIR]
@@ -383,7 +384,7 @@ def ceiling(args: argparse.Namespace, log: Path) -> list[str]:
     most = max(args.ceiling_streams)
     extra = [] if args.ceiling_forward else ["--skip-forward"]
     extra += ["--max-running-requests", str(most), "--max-concurrent-requests", str(most + 64)]
-    extra += ["--api-server-count", str(args.api_server_count)]
+    extra += ["--api-server-count", str(args.api_server_count), *args.serve_flag]
     stack = Serve(model, args.ceiling_engines, args.policy, log, extra)
     try:
         stack.wait_ready()
@@ -488,6 +489,13 @@ def main() -> None:
         "--skip-forward", action="store_true", help="the stacks' engine skips its forward pass (docs/flags.md)"
     )
     parser.add_argument(
+        "--serve-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a flag for the stacks' `turnout serve`, e.g. --serve-flag=--thread-team=fixed (repeatable)",
+    )
+    parser.add_argument(
         "--against",
         metavar="REV_OR_DIR",
         default=None,
@@ -525,9 +533,9 @@ def main() -> None:
         from turnout.default_model import prepare_default_model
 
         args.model = prepare_default_model()
-    extra = ["--skip-forward"] if args.skip_forward else []
+    extra = (["--skip-forward"] if args.skip_forward else []) + args.serve_flag
     when = time.strftime("%Y-%m-%d %H:%M")
-    print(f"model {args.model.name}{', --skip-forward' if extra else ''}, {os.cpu_count()} CPUs, "
+    print(f"model {args.model.name}{''.join(', ' + word for word in extra)}, {os.cpu_count()} CPUs, "
           f"policy {args.policy}, {when}, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"(the stacks log to {args.log})")
     if args.against is not None:
