@@ -501,7 +501,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="FLAG",
-        help="a flag for the stacks' `turnout serve`, e.g. --serve-flag=--thread-team=fixed (repeatable)",
+        help="a flag for the stacks' `turnout serve`, e.g. --serve-flag=--dtype=bfloat16 (repeatable)",
     )
     parser.add_argument(
         "--against",
@@ -528,7 +528,8 @@ def main() -> None:
     if args.ceiling:
         engine = "its forward pass" if args.ceiling_forward else "--skip-forward"
         model = args.model.name if args.model else "tiny"
-        print(f"service path ceiling, engine with {engine}, model {model}, {os.cpu_count()} CPUs, "
+        flags = "".join(f", {word}" for word in args.serve_flag)
+        print(f"service path ceiling, engine with {engine}, model {model}{flags}, {os.cpu_count()} CPUs, "
               f"load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
         print("\n".join(ceiling(args, args.log)), flush=True)
         print(f"(load average after: {os.getloadavg()[0]:.1f})")
