@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,9 @@ def sample_value(d: Declared) -> Any:
         tuple: lambda: ("a", "b"),
     }
     value = candidates[d.kind]()
+    if d.kind is tuple and d.spec.parse is not None and d.default == ():  # a list in one word (--cpu-cores 0-1)
+        with contextlib.suppress(argparse.ArgumentTypeError):
+            return d.read("0-1")
     if d.kind is tuple and d.spec.item is not None:  # elements read from words (--lora-modules NAME=PATH)
         try:
             return (d.read("a=/some/where"),)

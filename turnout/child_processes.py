@@ -31,6 +31,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnout.child_output import OutputTail, last_error_lines
+from turnout.cpu_cores import bind_process
 from turnout.grpc_auth import sync_channel
 from turnout.logs import TTY_ENV, stderr_is_terminal
 from turnout.port_check import listening_pid
@@ -112,6 +113,8 @@ class Child:
     port: int | None = None
     # File descriptors it inherits (the gateways' shared socket).
     pass_fds: tuple[int, ...] = ()
+    # The CPUs it runs on (`turnout serve --cpu-reserved-cores`); empty: wherever the kernel puts it.
+    cpus: tuple[int, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     output: OutputTail | None = None
 
@@ -120,6 +123,8 @@ class Child:
         tty = "1" if stderr_is_terminal() else "0"
         env = {**os.environ, **(self.env or {}), LAUNCHER_PID_ENV: str(os.getpid()), TTY_ENV: tty}
         self.process = subprocess.Popen(self.argv, env=env, stderr=subprocess.PIPE, pass_fds=self.pass_fds)
+        if self.cpus:  # its threads so far: the interpreter it exec'd has hardly started
+            bind_process(self.process.pid, self.cpus)
         assert self.process.stderr is not None
         self.output = OutputTail(self.process.stderr, self.name)
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from turnout.child_processes import Child, Stack, free_port, grpc_healthy, http_healthy
+from turnout.cpu_cores import OMP_THREADS_ENV, CorePlan, allowed_cpus, can_bind, plan_cores, show_cpu_list
 from turnout.flag_parser import FlagParser
 from turnout.gateway_replicas import GatewayReplicas
 from turnout.model_reference import ModelNotFound, ResolvedModel
@@ -107,6 +108,18 @@ def replica_env(
     return {"CUDA_VISIBLE_DEVICES": ",".join(gpus[(first + r) % len(gpus)] for r in range(tp))}
 
 
+def core_plan(args: argparse.Namespace) -> CorePlan | None:
+    """With --cpu-reserved-cores N, the services' CPUs and each engine replica's (turnout/cpu_cores.py);
+    ValueError for a plan that cannot be kept."""
+    if not args.cpu_reserved_cores:
+        return None
+    if args.cpu_cores:
+        raise ValueError("give --cpu-reserved-cores or --cpu-cores, not both (the first sets the second per replica)")
+    if not can_bind():
+        raise ValueError("--cpu-reserved-cores needs Linux (sched_setaffinity)")
+    return plan_cores(allowed_cpus(), args.cpu_reserved_cores, args.engines)
+
+
 def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | None = None) -> Stack:
     """The children serving `model` (a resolved folder); the tokenizer reads `tokenizer_folder` (default: `model`)."""
     ports = {name: getattr(args, f"{name}_port") or free_port() for name in ("tokenizer", "router")}
@@ -130,6 +143,8 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
 
     tp = args.tensor_parallel_size or 1
     gpus = visible_gpus() if args.engines > 1 or tp > 1 else []
+    plan = core_plan(args)
+    services = plan.services if plan is not None else ()
     engines = []
     for i, port in enumerate(engine_ports):
         engine = [*turnout, "engine", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
@@ -139,7 +154,15 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
         engine += child_flags(args, ENGINE)
         name = "engine" if args.engines == 1 else f"engine{i}"
         healthy = functools.partial(grpc_ready, f"127.0.0.1:{port}")
-        env = replica_env(i, args.engines, gpus, args.device, tp)
+        cpus: tuple[int, ...] = ()
+        if plan is not None:
+            # Its compute threads on its share, the rest of it with the services; it sizes its own
+            # OpenMP team from its share, so no OMP_NUM_THREADS split (replica_env).
+            engine += ["--cpu-cores", show_cpu_list(plan.engines[i])]
+            cpus = tuple(sorted({*plan.services, *plan.engines[i]}))
+            env = {k: v for k, v in replica_env(i, args.engines, gpus, args.device, tp).items() if k != OMP_THREADS_ENV}
+        else:
+            env = replica_env(i, args.engines, gpus, args.device, tp)
         engine_metrics = metrics_port()
         engines.append(
             Child(
@@ -150,6 +173,7 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
                 env,
                 metrics_port=engine_metrics,
                 port=port,
+                cpus=cpus,
             )
         )
     tokenizer = [*turnout, "tokenizer", "--model", str(model), "--host", "127.0.0.1", "--port", str(ports["tokenizer"])]
@@ -163,6 +187,8 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
     gateway = [*turnout, "gateway", "--router", addr["router"], *child_flags(args, GATEWAY)]
     tokenizer_metrics, router_metrics = metrics_port(), metrics_port()
     gateways, replicas = gateway_children(args, gateway + common)
+    for child in gateways:
+        child.cpus = services
     return Stack(
         [
             *engines,
@@ -173,6 +199,7 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
                 0,
                 metrics_port=tokenizer_metrics,
                 port=ports["tokenizer"],
+                cpus=services,
             ),
             Child(
                 "router",
@@ -181,6 +208,7 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
                 1,
                 metrics_port=router_metrics,
                 port=ports["router"],
+                cpus=services,
             ),
             *gateways,
         ],
@@ -262,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("launcher", args.log_level, args.log_format)
     try:
         serve_config(args)
+        core_plan(args)  # a plan that cannot be kept fails here, before a model is fetched
     except ValueError as exc:
         raise SystemExit(f"turnout serve: {exc}") from None
     # Every value reaches the children on their command lines; a child must not read a TURNOUT_*

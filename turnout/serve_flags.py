@@ -48,6 +48,13 @@ class ServeConfig:
         "gateway processes serving the HTTP port together (vLLM's flag): more than one where one gateway's "
         'core is the HTTP ceiling (docs/architecture.md, "Several gateway processes")',
     )
+    # turnout/cpu_cores.py: the engines' OpenMP teams off the services' cores.
+    cpu_reserved_cores: int = flag(
+        0,
+        "CPUs kept for the gateway, router, tokenizer and the engines' event loops (the first N this process may "
+        "use); each engine replica's compute threads get a share of the others (--cpu-cores). 0: no binding",
+        metavar="N",
+    )
     engine_port: int = flag(0, "gRPC port of the (first) engine; 0: a free one")
     tokenizer_port: int = flag(0, "gRPC port of the tokenizer; 0: a free one")
     router_port: int = flag(0, "gRPC port of the router; 0: a free one")
@@ -62,6 +69,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.engines < 1:
             raise ValueError(f"--engines must be at least 1, got {self.engines}")
+        if self.cpu_reserved_cores < 0:
+            raise ValueError(f"--cpu-reserved-cores must be 0 or more, got {self.cpu_reserved_cores}")
         if self.api_server_count < 1:
             raise ValueError(f"--api-server-count must be at least 1, got {self.api_server_count}")
         for name in ("engine_port", "tokenizer_port", "router_port"):

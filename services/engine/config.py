@@ -8,6 +8,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from turnout.cpu_cores import parse_cpu_list
 from turnout.flags import flag, only, spelled
 from turnout.security import ServiceSecurity
 from turnout.telemetry.metrics_http import check_metrics_port
@@ -64,6 +65,15 @@ class EngineConfig:
         "weights and activations: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16",
         choices=DTYPES,
         parse=spelled({"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}),
+    )
+    # The step thread and its OpenMP team on these CPUs, the event loop and gRPC on the others
+    # (turnout/cpu_cores.py); empty: the kernel places every thread.
+    cpu_cores: tuple[int, ...] = flag(
+        (),
+        "CPUs for the engine's compute threads (its step and OpenMP team), e.g. 0-3,8; its event loop and gRPC "
+        "threads run on the others (default: no binding; `turnout serve --cpu-reserved-cores` sets it per replica)",
+        metavar="LIST",
+        parse=parse_cpu_list,
     )
     # Paged attention implementation: `auto` is triton on CUDA; on CPU the C++ decode kernel (`cpu`)
     # when it builds and serves the dtype, else torch.

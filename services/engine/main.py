@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import threading
 
 from services.engine.config import EngineConfig, kv_cache_memory_from_env
+from turnout.cpu_cores import bind_compute_thread, bind_process_outside, show_cpu_list
 from turnout.flag_parser import FlagParser
 from turnout.flags import add_flags, config_kwargs
 from turnout.model_reference import resolve as resolve_model
@@ -18,6 +20,8 @@ from turnout.telemetry.service_setup import add_observability_flags, setup_obser
 # After a tensor-parallel rank is lost, how long the graceful stop may take before the process exits anyway
 # (a collective on NCCL can wait forever for the dead rank).
 LOST_RANK_EXIT_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -67,11 +71,30 @@ async def _serve(config: EngineConfig) -> None:
 
     metrics = EngineMetrics(model_name=config.model_name)
     register_gc_pauses(metrics.registry, "engine")
+    others: tuple[int, ...] = ()
+    if config.cpu_cores:
+        try:
+            # Before the step thread starts: it and the gRPC threads inherit the process's mask.
+            others = bind_process_outside(config.cpu_cores)
+        except ValueError as exc:
+            raise SystemExit(f"turnout engine: {exc}") from None
+
+    def make_engine() -> LLMEngine:
+        if config.cpu_cores:
+            threads = bind_compute_thread(config.cpu_cores)
+            log.info(
+                "compute threads bound",
+                extra={
+                    "cpu_cores": show_cpu_list(config.cpu_cores),
+                    "omp_threads": threads,
+                    "other_threads_on": show_cpu_list(others),
+                },
+            )
+        return LLMEngine(config)
+
     try:
         # Built on the thread that steps it: one OpenMP team in the process (engine_loop.py).
-        engine = await asyncio.wrap_future(
-            EngineLoop.build(lambda: LLMEngine(config), config.max_waiting_requests, metrics)
-        )
+        engine = await asyncio.wrap_future(EngineLoop.build(make_engine, config.max_waiting_requests, metrics))
     except (ValueError, OSError) as exc:
         raise SystemExit(f"turnout engine: cannot load {config.model}: {exc}") from None
     ranks = engine.engine.ranks
