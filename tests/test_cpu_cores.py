@@ -177,3 +177,9 @@ def test_the_engine_refuses_cpus_it_may_not_use() -> None:
     with pytest.raises(ValueError, match=r"--cpu-cores lists CPUs this process may not use: 4096 \(it may use "):
         cpu_cores.bind_process_outside((4096,))
     assert os.sched_getaffinity(0) == set(cpu_cores.allowed_cpus())  # nothing changed
+
+
+def test_binding_a_process_that_is_gone_does_nothing() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    cpu_cores.bind_process(child.pid, cpu_cores.allowed_cpus())  # reaped: no /proc entry, no error

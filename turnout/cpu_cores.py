@@ -125,10 +125,15 @@ def plan_cores(allowed: Sequence[int], reserved: int, replicas: int) -> CorePlan
 
 
 def bind_process(pid: int | str, cpus: Sequence[int]) -> None:
-    """Every thread process `pid` has now (and so every one they start) runs on `cpus`."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(task.name), cpus)
+    """Every thread process `pid` has now (and so every one they start) runs on `cpus`; nothing for a
+    process or thread that ended meanwhile (its exit is reported where it is waited for)."""
+    try:
+        tasks = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return
+    for task in tasks:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(task, cpus)
 
 
 def bind_process_outside(cpus: Sequence[int]) -> tuple[int, ...]:

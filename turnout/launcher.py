@@ -87,20 +87,27 @@ def visible_gpus() -> list[str]:
 
 
 def replica_env(
-    replica: int, replicas: int, gpus: list[str], device: str, tensor_parallel_size: int = 1
+    replica: int,
+    replicas: int,
+    gpus: list[str],
+    device: str,
+    tensor_parallel_size: int = 1,
+    *,
+    own_cores: bool = False,
 ) -> dict[str, str]:
     """Environment overrides of engine replica `replica` of `replicas`.
 
     With several GPUs each replica gets its own (with --tensor-parallel-size N, its own N: the
     engine's ranks take cuda:0..N-1 of what it sees). Replicas running on the CPU share its cores
     instead of each starting a thread pool as wide as the machine (unless OMP_NUM_THREADS says
-    otherwise); a tensor-parallel engine splits its share between its ranks.
+    otherwise); a tensor-parallel engine splits its share between its ranks. A replica given cores of
+    its own (`own_cores`: --cpu-cores) sizes its thread pool from them instead.
     """
     on_cpu = device == "cpu" or (device == "auto" and not gpus)
     if on_cpu:
-        if replicas < 2 or "OMP_NUM_THREADS" in os.environ:
+        if replicas < 2 or own_cores or OMP_THREADS_ENV in os.environ:
             return {}
-        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // replicas))}
+        return {OMP_THREADS_ENV: str(max(1, (os.cpu_count() or 1) // replicas))}
     tp = tensor_parallel_size
     if len(gpus) < 2 or (replicas == 1 and len(gpus) <= tp):
         return {}
@@ -155,14 +162,10 @@ def build_stack(args: argparse.Namespace, model: Path, tokenizer_folder: Path | 
         name = "engine" if args.engines == 1 else f"engine{i}"
         healthy = functools.partial(grpc_ready, f"127.0.0.1:{port}")
         cpus: tuple[int, ...] = ()
-        if plan is not None:
-            # Its compute threads on its share, the rest of it with the services; it sizes its own
-            # OpenMP team from its share, so no OMP_NUM_THREADS split (replica_env).
+        if plan is not None:  # its compute threads on its share, the rest of it with the services
             engine += ["--cpu-cores", show_cpu_list(plan.engines[i])]
             cpus = tuple(sorted({*plan.services, *plan.engines[i]}))
-            env = {k: v for k, v in replica_env(i, args.engines, gpus, args.device, tp).items() if k != OMP_THREADS_ENV}
-        else:
-            env = replica_env(i, args.engines, gpus, args.device, tp)
+        env = replica_env(i, args.engines, gpus, args.device, tp, own_cores=plan is not None)
         engine_metrics = metrics_port()
         engines.append(
             Child(
