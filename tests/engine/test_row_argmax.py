@@ -30,6 +30,16 @@ def test_ties_take_the_first_index_in_every_lane_and_the_tail() -> None:
     assert kernels.argmax_rows(x).tolist() == [3, 4, 97, 15, 0, 50] == x.argmax(dim=-1).tolist()
 
 
+@pytest.mark.parametrize("vocab", [*range(1, 80), 255, 256, 257, 4099])
+def test_rows_full_of_ties_match_torch(vocab: int) -> None:
+    # Few distinct values: a row's maximum sits in many lanes of every vector (AVX-512: one set of 16
+    # lanes; AVX2: four sets of 8, interleaved) and in the scalar tail, so each lane's first index and
+    # the smallest across lanes and sets must both be kept.
+    x = torch.randint(-3, 3, (20, vocab), generator=torch.Generator().manual_seed(vocab)).float()
+    x[0] = float("-inf")
+    assert torch.equal(kernels.argmax_rows(x), x.argmax(dim=-1))
+
+
 def test_nan_counts_as_the_maximum() -> None:
     x = torch.randn(4, 40)
     x[0, 30] = float("nan")  # in a vector
