@@ -1,5 +1,6 @@
-// AVX-512 helpers the attention kernels share: rows of the cache's dtype widened to float32
-// lanes, narrowed back with rounding, and a vectorised exp for softmax.
+// SIMD helpers the attention kernels share (AVX-512, and AVX2 for their general paths): rows of the
+// cache's dtype widened to float32 lanes, narrowed back with rounding, and a vectorised exp for
+// softmax.
 #pragma once
 
 #include <torch/extension.h>
@@ -7,7 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -36,6 +37,13 @@ inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+// Cephes' expf, shared by exp16 and exp8: x = n ln2 + r with ln2 split in two for precision, and
+// e^r ~ 1 + r + r^2 P(r), P's coefficients highest first.
+constexpr float kExpLog2e = 1.44269504088896341f, kExpLn2Hi = 0.693359375f, kExpLn2Lo = -2.12194440e-4f;
+constexpr float kExpFloor = -87.3f;  // e^-87.3 is still a normal float
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 #ifdef __AVX512F__
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
@@ -55,17 +63,17 @@ inline void store16(c10::BFloat16* p, __m512 v) {
 // e^x to ~1 ulp: Cephes' expf polynomial on x - n ln2, times 2^n. Inputs below -87.3 give
 // e^-87.3, not 0 (mask those lanes where 0 matters); above ~88.7 the result is +inf.
 inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpFloor));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kExpLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kExpLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[1]));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[2]));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[3]));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[4]));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[5]));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return _mm512_scalef_ps(p, n);
 }
@@ -93,6 +101,39 @@ inline void transpose16(__m512 r[16]) {
     r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
     r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
   }
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// 8-lane helpers for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2 and 3, many Intel client
+// parts): the general paths of the attention kernels use them where AVX-512 is absent.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+inline float sum8(__m256 v) {
+  const __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
+}
+// e^x for x <= 0 (softmax's shifted scores) to ~1 ulp, as exp16: Cephes' polynomial on x - n ln2,
+// times 2^n built in the exponent bits (x is clamped at -87.3, so n >= -126 stays a normal float).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpFloor));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kExpLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kExpLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[1]));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[2]));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[3]));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[4]));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[5]));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
 }
 #endif
 
