@@ -49,7 +49,7 @@ using turnout_simd::load16;
 using turnout_simd::store16;
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#ifdef TURNOUT_SIMD_AVX2
 // The sum of a[j] * b[j] over the whole 8-lane vectors from 0, two accumulators so the FMAs
 // overlap; `i` is left at the first element not summed, for the caller's scalar tail.
 template <typename T>
@@ -71,7 +71,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
   sum = _mm512_reduce_add_ps(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TURNOUT_SIMD_AVX2)
   sum = dot8(a, b, n, i);
 #endif
   for (; i < n; ++i) sum += a[i] * b[i];
@@ -91,7 +91,7 @@ inline float dot(const float* a, const c10::BFloat16* b, int64_t n) {
     acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), wide, acc);
   }
   sum = _mm512_reduce_add_ps(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TURNOUT_SIMD_AVX2)
   sum = dot8(a, b, n, i);
 #endif
   for (; i < n; ++i) sum += a[i] * static_cast<float>(b[i]);
@@ -108,7 +108,7 @@ inline void axpy(float w, const c10::BFloat16* x, float* y, int64_t n) {
     const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
     _mm512_storeu_ps(y + i, _mm512_fmadd_ps(weight, wide, _mm512_loadu_ps(y + i)));
   }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TURNOUT_SIMD_AVX2)
   const __m256 weight = _mm256_set1_ps(w);
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(weight, turnout_simd::load8(x + i), _mm256_loadu_ps(y + i)));
@@ -124,7 +124,7 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {
   for (; i + 16 <= n; i += 16) {
     _mm512_storeu_ps(y + i, _mm512_fmadd_ps(weight, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
   }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(TURNOUT_SIMD_AVX2)
   const __m256 weight = _mm256_set1_ps(w);
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(weight, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
@@ -137,7 +137,7 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {
 inline void softmax_general(float* s, int64_t len, float top) {
   float total = 0.f;
   int64_t p = 0;
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#ifdef TURNOUT_SIMD_AVX2
   const __m256 shift = _mm256_set1_ps(top);
   __m256 sum = _mm256_setzero_ps();
   for (; p + 8 <= len; p += 8) {

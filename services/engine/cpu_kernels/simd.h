@@ -12,6 +12,12 @@
 #include <immintrin.h>
 #endif
 
+// The kernels' 8-lane paths: a CPU with AVX2 and FMA but no AVX-512 (where it has AVX-512, its
+// 16-lane paths run instead).
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define TURNOUT_SIMD_AVX2 1
+#endif
+
 namespace turnout_simd {
 
 // Asks for the `bytes` from p, line by line, into L2 (prefetcht1) ahead of their use. An asm
@@ -104,9 +110,9 @@ inline void transpose16(__m512 r[16]) {
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef TURNOUT_SIMD_AVX2
 // 8-lane helpers for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2 and 3, many Intel client
-// parts): the general paths of the attention kernels use them where AVX-512 is absent.
+// parts): the general paths of the attention kernels use them.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) {
   const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
