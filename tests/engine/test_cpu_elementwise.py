@@ -60,6 +60,20 @@ def test_silu_mul(dtype: torch.dtype) -> None:
     close(kernels.silu_mul(gate_up), F.silu(gate) * up)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_at_the_ends_of_exp(dtype: torch.dtype) -> None:
+    """Gates whose exp(-gate) underflows, overflows to inf (past ~88.72) or sits at the edge between:
+    the vector paths' exp must not wrap its exponent there (a very negative gate's SiLU is -0)."""
+    ends = [-1e4, -100.0, -89.0, -88.8, -88.7, -88.5, -87.4, -87.2, -30.0, -1e-3, 0.0, 1e-3, 30.0]
+    ends += [87.2, 87.4, 88.5, 88.7, 88.8, 89.0, 100.0, 1e4]
+    gate = torch.tensor(ends).repeat(3)[:61].to(dtype)  # 61: every lane of the 8- and 16-wide loops, and a tail
+    up = torch.linspace(-2, 2, 61).to(dtype)
+    got = kernels.silu_mul(torch.cat([gate, up])[None])
+    want = F.silu(gate) * up
+    assert not got.isnan().any()
+    close(got, want[None])
+
+
 def test_bad_inputs_are_refused_by_name() -> None:
     with pytest.raises(RuntimeError, match="weight"):
         kernels.rms_norm(torch.randn(2, 8), torch.ones(4), 1e-5)

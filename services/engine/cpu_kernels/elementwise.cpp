@@ -29,7 +29,13 @@ namespace {
 #ifdef __AVX512F__
 using turnout_simd::exp16;
 using turnout_simd::load16;
+using turnout_simd::round16;
 using turnout_simd::store16;
+#elif defined(TURNOUT_SIMD_AVX2)
+using turnout_simd::exp8;
+using turnout_simd::load8;
+using turnout_simd::round8;
+using turnout_simd::store8;
 #endif
 
 // Elements of work below which a call runs on the calling thread alone: opening a parallel region
@@ -74,17 +80,6 @@ void add_rows(const T* x, const T* residual, T* summed, int64_t count) {
   });
 }
 
-#ifdef __AVX512F__
-// x rounded to T and widened back, 16 lanes at a time (round_to<T> of each lane).
-inline __m512 round16(__m512 x, float) { return x; }
-inline __m512 round16(__m512 x, c10::BFloat16) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
-}
-#endif
-
 template <typename T>
 void silu_mul_rows(const T* gate_up, T* y, int64_t rows, int64_t half) {
   at::parallel_for(0, rows, grain_of(half), [&](int64_t begin, int64_t end) {
@@ -102,6 +97,16 @@ void silu_mul_rows(const T* gate_up, T* y, int64_t rows, int64_t half) {
           const __m512 g = load16(gate + i);
           const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
           store16(out + i, _mm512_mul_ps(round16(silu, T()), load16(up + i)));
+        }
+      }
+#elif defined(TURNOUT_SIMD_AVX2)
+      // The same on 8 lanes; exp8 is the same polynomial, and overflows to +inf as expf does.
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+        const __m256 one = _mm256_set1_ps(1.f);
+        for (; i + 8 <= half; i += 8) {
+          const __m256 g = load8(gate + i);
+          const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+          store8(out + i, _mm256_mul_ps(round8(silu, T()), load8(up + i)));
         }
       }
 #endif

@@ -1,4 +1,4 @@
-// SIMD helpers the attention kernels share (AVX-512, and AVX2 for their general paths): rows of the
+// SIMD helpers the CPU kernels share (AVX-512, and AVX2 where a CPU has no AVX-512): rows of the
 // cache's dtype widened to float32 lanes, narrowed back with rounding, and a vectorised exp for
 // softmax.
 #pragma once
@@ -58,12 +58,18 @@ inline __m512 load16(const c10::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(c10::BFloat16* p, __m512 v) {
-  // Round to nearest even, as static_cast<c10::BFloat16> does (inputs here are never NaN).
-  const __m512i bits = _mm512_castps_si512(v);
+// x rounded to T's precision and widened back (what static_cast<T> then float does, lane by lane):
+// to nearest even, as static_cast<c10::BFloat16> does (inputs here are never NaN).
+inline __m512 round16(__m512 x, float) { return x; }
+inline __m512 round16(__m512 x, c10::BFloat16) {
+  const __m512i bits = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+}
+inline void store16(c10::BFloat16* p, __m512 v) {
+  const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(round16(v, c10::BFloat16())), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(top));
 }
 
 // e^x to ~1 ulp: Cephes' expf polynomial on x - n ln2, times 2^n. Inputs below -87.3 give
@@ -112,7 +118,7 @@ inline void transpose16(__m512 r[16]) {
 
 #ifdef TURNOUT_SIMD_AVX2
 // 8-lane helpers for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2 and 3, many Intel client
-// parts): the general paths of the attention kernels use them.
+// parts): the attention kernels' general paths and silu_mul use them.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) {
   const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -123,10 +129,27 @@ inline float sum8(__m256 v) {
   const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
 }
-// e^x for x <= 0 (softmax's shifted scores) to ~1 ulp, as exp16: Cephes' polynomial on x - n ln2,
-// times 2^n built in the exponent bits (x is clamped at -87.3, so n >= -126 stays a normal float).
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+// As round16, on 8 lanes.
+inline __m256 round8(__m256 x, float) { return x; }
+inline __m256 round8(__m256 x, c10::BFloat16) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+}
+inline void store8(c10::BFloat16* p, __m256 v) {
+  // packus narrows within each 128-bit half; the permute brings the halves' four results together.
+  const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(round8(v, c10::BFloat16())), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+// e^x to ~1 ulp, as exp16: Cephes' polynomial on x - n ln2, times 2^n built in exponent bits.
+// x is clamped to [-87.3, 89]: n in [-126, 129], applied as two factors 2^(n/2) and 2^(n - n/2),
+// each a normal float, so e^x overflows to +inf past ~88.72 as expf does (silu's exp(-g) for a
+// very negative gate) instead of wrapping the exponent field.
 inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(kExpFloor));
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpFloor)), _mm256_set1_ps(89.f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kExpLn2Hi), x);
@@ -138,8 +161,12 @@ inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[4]));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[5]));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+  const __m256i whole = _mm256_cvtps_epi32(n);
+  const __m256i low = _mm256_srai_epi32(whole, 1), high = _mm256_sub_epi32(whole, low);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 low_scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(low, bias), 23));
+  const __m256 high_scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(high, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, low_scale), high_scale);
 }
 #endif
 
