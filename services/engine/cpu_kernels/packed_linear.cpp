@@ -1,5 +1,6 @@
 // y = x @ weight.T on the CPU through a weight packed for register-tiled broadcast products,
-// float32 (AVX-512) and bfloat16 (AVX-512 BF16), for the one to hundreds of rows of a step.
+// float32 (AVX-512) and bfloat16 (AVX-512 BF16, or AVX2 and FMA on a CPU without AVX-512), for
+// the one to hundreds of rows of a step.
 //
 // The weight is packed once (`pack_linear`) so that one 64-byte vector holds `kStep` adjacent
 // input columns of 16 consecutive outputs: packed[block][column / kStep][lane][t] =
@@ -24,6 +25,7 @@
 
 #include "common.h"
 #include "ops.h"
+#include "simd.h"
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -31,12 +33,13 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
 constexpr int64_t kLanes = 16;  // outputs per block: one float32 vector of accumulators
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) || defined(TURNOUT_SIMD_AVX2)
 constexpr bool kHasBf16 = true;
 #else
 constexpr bool kHasBf16 = false;
@@ -157,6 +160,92 @@ void run(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t in, 
 }
 #endif
 
+#ifdef TURNOUT_SIMD_AVX2
+// bfloat16 without AVX-512 (AMD Zen 2 and 3, many Intel client parts): the same packed weight,
+// each 64-byte vector of a block read as two halves of 8 outputs. A half's 32-bit lanes hold
+// (column 2s, column 2s + 1) of one output, so a shift and a mask widen it to the two columns'
+// float32 weights, and plain FMAs take them with x's two values, which a panel widens to float32
+// once. Every weight is read once per panel, as on AVX-512, at half float32's bytes: decode at a
+// few rows is bound by reading the weights. The products are exact in float32 as there; the sums
+// are float32, in another order; outputs round to nearest even.
+namespace widened {
+
+constexpr int64_t kHalves = 2;       // 8-output halves of one 16-output block per tile
+constexpr int64_t kRows = 4;         // rows per tile: 8 accumulators, 2 weights, 2 broadcasts (6 spilled)
+constexpr int64_t kPanelRows = 128;  // rows per pass over the weight (their float32 copy: 128 x in)
+
+template <int64_t R>
+inline void tile(const float* x, int64_t in, const c10::BFloat16* w, int64_t steps, const c10::BFloat16* bias,
+                 c10::BFloat16* y, int64_t out, int64_t out_left) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  __m256 acc[R][kHalves];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < kHalves; ++h) acc[r][h] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s) {
+    const c10::BFloat16* ws = w + s * 2 * kLanes;
+    for (int64_t h = 0; h < kHalves; ++h) {
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + h * 16));
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));  // column 2s
+      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(pairs, high));  // column 2s + 1
+      for (int64_t r = 0; r < R; ++r) {
+        const float* xr = x + r * in + 2 * s;
+        acc[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xr), even, acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xr + 1), odd, acc[r][h]);
+      }
+    }
+  }
+  for (int64_t h = 0; h < kHalves; ++h) {
+    const int64_t width = std::min<int64_t>(8, out_left - h * 8);
+    if (width <= 0) break;
+    float bias_v[8] = {};
+    if (bias != nullptr) turnout_simd::to_float(bias + h * 8, bias_v, width);
+    const __m256 b = _mm256_loadu_ps(bias_v);
+    for (int64_t r = 0; r < R; ++r) {
+      c10::BFloat16* yr = y + r * out + h * 8;
+      const __m256 v = _mm256_add_ps(acc[r][h], b);
+      if (width == 8) {
+        turnout_simd::store8(yr, v);
+      } else {  // the last block's tail: no 16-bit masked store in AVX2
+        c10::BFloat16 part[8];
+        turnout_simd::store8(part, v);
+        std::copy(part, part + width, yr);
+      }
+    }
+  }
+}
+
+void run(const c10::BFloat16* x, const c10::BFloat16* w, const c10::BFloat16* bias, c10::BFloat16* y, int64_t rows,
+         int64_t in, int64_t out) {
+  const int64_t blocks = blocks_of(out), steps = in / 2;
+  std::vector<float> wide(static_cast<size_t>(std::min(kPanelRows, rows) * in));
+  for (int64_t first_row = 0; first_row < rows; first_row += kPanelRows) {
+    const int64_t panel = std::min(kPanelRows, rows - first_row);
+    turnout_simd::to_float(x + first_row * in, wide.data(), panel * in);
+    c10::BFloat16* ys = y + first_row * out;
+    // Within a panel the threads split the blocks: each streams its share of the weight once.
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t block = begin; block < end; ++block) {
+        const int64_t first = block * kLanes, left = out - first;
+        const c10::BFloat16* wb = w + block * steps * 2 * kLanes;
+        const c10::BFloat16* bb = bias != nullptr ? bias + first : nullptr;
+        const float* xs = wide.data();
+        c10::BFloat16* yb = ys + first;
+        int64_t m = 0;
+        for (; m + kRows <= panel; m += kRows) tile<kRows>(xs + m * in, in, wb, steps, bb, yb + m * out, out, left);
+        switch (panel - m) {
+          case 0: break;
+          case 1: tile<1>(xs + m * in, in, wb, steps, bb, yb + m * out, out, left); break;
+          case 2: tile<2>(xs + m * in, in, wb, steps, bb, yb + m * out, out, left); break;
+          default: tile<3>(xs + m * in, in, wb, steps, bb, yb + m * out, out, left); break;
+        }
+      }
+    });
+  }
+}
+
+}  // namespace widened
+#endif
+
 bool supported(torch::ScalarType dtype) {
   return (dtype == torch::kBFloat16 && kHasBf16) || (dtype == torch::kFloat32 && kHasF32);
 }
@@ -171,7 +260,7 @@ namespace turnout_cpu {
 torch::Tensor pack_linear(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "weight must be (out, in)");
   TORCH_CHECK(supported(weight.scalar_type()), "packed_linear has no ", weight.scalar_type(),
-              " kernel on this CPU (float32 needs AVX-512, bfloat16 AVX-512 BF16)");
+              " kernel on this CPU (float32 needs AVX-512, bfloat16 AVX-512 BF16 or AVX2 without AVX-512)");
   const int64_t out = weight.size(0), in = weight.size(1), blocks = blocks_of(out);
   const int64_t step = step_of(weight.scalar_type());
   TORCH_CHECK(in % step == 0, "a bfloat16 packed_linear needs an even input width, got ", in);
@@ -205,6 +294,12 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
   if (x.scalar_type() == torch::kFloat32) {
     run<float>(xc.data_ptr<float>(), packed.data_ptr<float>(), has_bias ? b.data_ptr<float>() : nullptr,
                y.data_ptr<float>(), rows, in, out);
+  }
+#endif
+#ifdef TURNOUT_SIMD_AVX2
+  if (x.scalar_type() == torch::kBFloat16) {
+    widened::run(xc.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(),
+                 has_bias ? b.data_ptr<c10::BFloat16>() : nullptr, y.data_ptr<c10::BFloat16>(), rows, in, out);
   }
 #endif
 #ifdef __AVX512BF16__

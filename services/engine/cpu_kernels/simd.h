@@ -39,6 +39,11 @@ inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
     const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i));
     _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16)));
   }
+#elif defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16)));
+  }
 #endif
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
