@@ -62,7 +62,8 @@ class EngineConfig:
     device: str = flag("auto", "auto (cuda when there is one), cpu or cuda", choices=DEVICES)
     dtype: str = flag(
         "auto",
-        "weights and activations: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16",
+        "weights and activations: auto (bfloat16 on CUDA and on a CPU where it beats float32: native bfloat16 "
+        "instructions, or AVX2 with the CPU kernels; else float32), float32, bfloat16, float16",
         choices=DTYPES,
         parse=spelled({"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}),
     )

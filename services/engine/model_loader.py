@@ -127,21 +127,28 @@ def pick_device(name: str) -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device, checkpoint_dtype: object = None) -> torch.dtype:
-    """`auto`: on CUDA the checkpoint's own half-precision dtype, else bfloat16; on a CPU with
-    bfloat16 instructions (avx512_bf16 or AMX) bfloat16, as vLLM's CPU build; float32 elsewhere."""
+    """`auto`: on CUDA the checkpoint's own half-precision dtype, else bfloat16; on a CPU where
+    bfloat16 runs faster than float32 (`cpu_prefers_bf16`) bfloat16, as vLLM's CPU build; float32
+    elsewhere."""
     if name != "auto":
         return _DTYPES[name]
     if device.type != "cuda":
-        return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else torch.float32
+        return torch.bfloat16 if device.type == "cpu" and cpu_prefers_bf16() else torch.float32
     declared = str(checkpoint_dtype).removeprefix("torch.")
     return torch.float16 if declared == "float16" else torch.bfloat16
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (its matmuls then run at twice float32's rate
-    on half the memory traffic); without it torch emulates bfloat16, slower than float32."""
+def cpu_prefers_bf16() -> bool:
+    """Whether bfloat16 beats float32 on this CPU: it computes in bfloat16 natively (avx512_bf16 or
+    AMX: twice float32's rate on half the memory traffic), or the CPU kernels' packed_linear takes
+    bfloat16 here (AVX2 without AVX-512: the weights widened in registers, half float32's bytes a
+    decode step; 1.3-1.9x float32's decode at 1-16 sequences on an AVX2 EPYC, docs/benchmarks.md).
+    Elsewhere torch emulates bfloat16, slower than float32."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+    if any(getattr(torch.cpu, probe, lambda: False)() for probe in probes):
+        return True
+    kernels = cpu_kernels.load()
+    return kernels is not None and "bfloat16" in kernels.PACKED_LINEAR_DTYPES
 
 
 def load_model(config: EngineConfig, tp: TensorParallel | None = None) -> LoadedModel:

@@ -215,7 +215,7 @@ def test_dtype_choice(
 ) -> None:
     from services.engine import model_loader
 
-    monkeypatch.setattr(model_loader, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(model_loader, "cpu_prefers_bf16", lambda: False)
     assert model_loader.pick_dtype(name, torch.device(device), declared) == expected
 
 
@@ -225,8 +225,31 @@ def test_auto_is_bfloat16_on_a_cpu_that_has_it(
 ) -> None:
     from services.engine import model_loader
 
-    monkeypatch.setattr(model_loader, "cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr(model_loader, "cpu_prefers_bf16", lambda: has_bf16)
     assert model_loader.pick_dtype("auto", torch.device("cpu"), "float32") == expected
+
+
+@pytest.mark.parametrize(
+    ("native", "kernel_dtypes", "expected"),
+    [
+        (True, [], True),  # avx512_bf16 or AMX
+        (False, ["bfloat16"], True),  # AVX2 without AVX-512: packed_linear widens bfloat16 weights
+        (False, ["float32"], False),  # AVX-512 without BF16: torch would emulate bfloat16
+        (False, None, False),  # no kernels built (no compiler)
+    ],
+)
+def test_bfloat16_is_preferred_where_it_beats_float32(
+    native: bool, kernel_dtypes: list[str] | None, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from services.engine import cpu_kernels, model_loader
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    built = None if kernel_dtypes is None else SimpleNamespace(PACKED_LINEAR_DTYPES=kernel_dtypes)
+    monkeypatch.setattr(cpu_kernels, "load", lambda: built)
+    assert model_loader.cpu_prefers_bf16() is expected
 
 
 @pytest.mark.cuda
